@@ -1,0 +1,176 @@
+"""The ``normrank.yaml`` file: pydantic models, strict (``extra="forbid"``), one per section.
+
+A typo must fail loudly: an unknown key or a wrong type raises :class:`ConfigError`
+with the key's dotted path and the allowed keys or values, instead of being
+silently ignored (a classic cause of "my setting did nothing").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from normrank.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EncoderConfig(_Section):
+    model: str | None = Field(None, description="Local sentence-transformers folder; null = bundled all-MiniLM-L6-v2.")
+    batch_size: int = Field(64, gt=0)
+    device: str = "cpu"
+    max_seq_length: int | None = Field(None, gt=0)
+    show_progress: bool | None = None
+
+
+class CalibrationConfig(_Section):
+    max_bins: int = Field(12, gt=0, description="Quantile bins of log token count for the length curve.")
+    min_per_bin: int = Field(20, gt=0)
+
+
+class ScoringConfig(_Section):
+    mode: Literal["additive", "multiplicative", "tiebreak"] = "additive"
+    feature: Literal["calibrated", "raw"] = "calibrated"
+    a: float = Field(0.0, description="Constant part of the query weight w(q) = a + b * g_q.")
+    b: float = Field(0.0, description="Query-conditioned part of w(q).")
+    epsilon: float = Field(0.01, ge=0, description="Tie-breaker band width (mode: tiebreak).")
+    clip: float | None = Field(3.0, gt=0)
+    squash: bool = False
+
+
+class StoreConfig(_Section):
+    backend: Literal["faiss"] = "faiss"
+    index_type: Literal["flat", "hnsw", "ivf"] = "flat"
+    path: str | None = Field(None, description="Folder of a saved index to load (or to save to).")
+    pad_to: int = Field(8, ge=1)
+    hnsw_m: int = Field(32, gt=0)
+    ef_construction: int = Field(200, gt=0)
+    ef_search: int = Field(128, gt=0)
+    nlist: int = Field(256, gt=0)
+    nprobe: int = Field(16, gt=0)
+
+
+class FitConfig(_Section):
+    folds: int = Field(5, ge=2)
+    alpha: float = Field(0.05, gt=0, lt=1)
+    min_gain: float = Field(0.0, ge=0)
+    depth: int = Field(100, gt=0)
+    features: list[Literal["calibrated", "raw"]] = Field(default_factory=lambda: ["calibrated", "raw"])
+    modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"])
+
+
+class LangChainConfig(_Section):
+    k: int = Field(4, gt=0)
+
+
+class LlamaIndexConfig(_Section):
+    top_n: int = Field(5, gt=0)
+    keep_retrieval_score: bool = True
+    similarity_top_k: int = Field(10, gt=0)
+
+
+class HaystackConfig(_Section):
+    top_k: int = Field(10, gt=0)
+
+
+class NormRankConfig(_Section):
+    encoder: EncoderConfig = Field(default_factory=EncoderConfig)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    fit: FitConfig = Field(default_factory=FitConfig)
+    langchain: LangChainConfig = Field(default_factory=LangChainConfig)
+    llamaindex: LlamaIndexConfig = Field(default_factory=LlamaIndexConfig)
+    haystack: HaystackConfig = Field(default_factory=HaystackConfig)
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = NormRankConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        if field is None or not isinstance(field.annotation, type) or not issubclass(field.annotation, BaseModel):
+            return []
+        model = field.annotation
+    return sorted(model.model_fields)
+
+
+def _format(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"unknown key '{path}'; allowed keys here: {', '.join(_allowed_keys(err['loc']))}")
+        else:
+            lines.append(f"'{path}': {err['msg']} (got {err.get('input')!r})")
+    return f"invalid normrank configuration {source}: " + "; ".join(lines)
+
+
+def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig | None = None) -> NormRankConfig:
+    """Read and validate a YAML file (or a dict); ``None`` gives the defaults."""
+    if source is None:
+        return NormRankConfig()
+    if isinstance(source, NormRankConfig):
+        return source
+    where = "(dict)"
+    if isinstance(source, Mapping):
+        data: Any = dict(source)
+    else:
+        path = Path(source)
+        where = f"in {path}"
+        if not path.is_file():
+            raise ConfigError(f"configuration file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"invalid normrank configuration {where}: the top level must be a mapping of sections")
+    try:
+        return NormRankConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, where)) from None
+
+
+def build_encoder(config: NormRankConfig) -> Any:
+    from normrank.encoders import RawEncoder
+
+    e = config.encoder
+    return RawEncoder(e.model, batch_size=e.batch_size, device=e.device, max_seq_length=e.max_seq_length,
+                      show_progress=e.show_progress)
+
+
+def build_weights(config: NormRankConfig) -> Any:
+    from normrank.scoring import Weights
+
+    return Weights(**config.scoring.model_dump())
+
+
+def build_index(source: Any = None) -> Any:
+    """An empty ``NormIndex`` as the config describes, or the saved one at ``store.path`` if it exists.
+
+    A saved index keeps its fitted weights unless the file sets non-default scoring.
+    """
+    from normrank.calibration import NormCalibrator
+    from normrank.store import NormIndex
+
+    config = load_config(source)
+    encoder = build_encoder(config)
+    s = config.store
+    if s.path and Path(s.path).exists():
+        index = NormIndex.load(s.path, encoder=encoder)
+        if config.scoring != ScoringConfig():
+            index.set_weights(build_weights(config))
+        return index
+    return NormIndex(
+        encoder, weights=build_weights(config), index_type=s.index_type, pad_to=s.pad_to, hnsw_m=s.hnsw_m,
+        ef_construction=s.ef_construction, ef_search=s.ef_search, nlist=s.nlist, nprobe=s.nprobe,
+        calibrator=None if config.calibration == CalibrationConfig() else
+        NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
+    )

@@ -1,0 +1,142 @@
+"""Load retrieval collections in the BEIR layout, from ``../shared/data`` or any folder a user has.
+
+Layout: ``corpus.jsonl[.gz]`` (``_id``, ``title``, ``text``), ``queries.jsonl[.gz]``
+(``_id``, ``text``) and ``qrels/<split>.tsv`` (``query-id  corpus-id  score``, with header).
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from normrank.errors import DatasetError
+
+DATA_ENV = "NORMRANK_DATA"
+
+
+def default_data_dir() -> Path | None:
+    """``$NORMRANK_DATA``, else ``../shared/data`` beside the checkout or the working folder, if present."""
+    env = os.environ.get(DATA_ENV)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def _open(path: Path) -> Iterator[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+        yield from fh
+
+
+def _find(folder: Path, stem: str) -> Path:
+    for name in (f"{stem}.jsonl", f"{stem}.jsonl.gz"):
+        if (folder / name).is_file():
+            return folder / name
+    raise DatasetError(f"{folder} has no {stem}.jsonl or {stem}.jsonl.gz: it is not a BEIR folder")
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:
+    """Rows of a .jsonl or .jsonl.gz file, naming the line of any bad JSON."""
+    path = Path(path)
+    rows = []
+    for no, line in enumerate(_open(path), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"{path}:{no} is not valid JSON: {exc.msg}") from exc
+    return rows
+
+
+@dataclass
+class Document:
+    id: str
+    title: str
+    text: str
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def full_text(self) -> str:
+        """Title and body, as BEIR evaluations embed them."""
+        return f"{self.title}\n{self.text}".strip() if self.title else self.text.strip()
+
+
+@dataclass
+class BeirDataset:
+    name: str
+    corpus: dict[str, Document]
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, int]]
+    split: str
+
+    def doc_items(self) -> tuple[list[str], list[str], list[str]]:
+        """(ids, texts, skipped ids): documents with no text cannot be embedded and are skipped."""
+        ids, texts, skipped = [], [], []
+        for d in self.corpus.values():
+            t = d.full_text
+            (ids if t else skipped).append(d.id)
+            if t:
+                texts.append(t)
+        return ids, texts, skipped
+
+
+def available_splits(path: str | os.PathLike[str]) -> list[str]:
+    q = Path(path) / "qrels"
+    return sorted(p.stem for p in q.glob("*.tsv")) if q.is_dir() else []
+
+
+def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> dict[str, dict[str, int]]:
+    if not path.is_file():
+        raise DatasetError(f"no qrels file {path}")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh, delimiter="\t")
+        for no, row in enumerate(reader, 1):
+            if not row or (no == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid")):
+                continue
+            if len(row) < 3:
+                raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score")
+            q, d, s = row[0].strip(), row[1].strip(), row[2].strip()
+            try:
+                score = int(float(s))
+            except ValueError:
+                raise DatasetError(f"{path}:{no}: score {s!r} is not a number") from None
+            qrels.setdefault(q, {})[d] = score
+    bad_q = [q for q in qrels if q not in queries]
+    bad_d = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
+    if bad_q or bad_d:
+        raise DatasetError(
+            f"{path} names ids the collection lacks: {len(bad_q)} queries (e.g. {bad_q[:3]}), "
+            f"{len(bad_d)} documents (e.g. {bad_d[:3]})"
+        )
+    return qrels
+
+
+def load_beir(path: str | os.PathLike[str], split: str = "test") -> BeirDataset:
+    """Load a BEIR folder; ``split`` names ``qrels/<split>.tsv``."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise DatasetError(f"no such folder: {folder}")
+    corpus: dict[str, Document] = {}
+    for row in read_jsonl(_find(folder, "corpus")):
+        if "_id" not in row:
+            raise DatasetError(f"a corpus row in {folder} has no _id")
+        did = str(row["_id"])
+        corpus[did] = Document(did, str(row.get("title") or ""), str(row.get("text") or ""),
+                               row.get("metadata") or {})
+    queries = {str(r["_id"]): str(r.get("text") or "") for r in read_jsonl(_find(folder, "queries"))}
+    splits = available_splits(folder)
+    if split not in splits:
+        raise DatasetError(f"{folder} has no qrels/{split}.tsv; available splits: {splits or 'none'}")
+    qrels = load_qrels(folder / "qrels" / f"{split}.tsv", corpus, queries)
+    return BeirDataset(folder.name, corpus, queries, qrels, split)

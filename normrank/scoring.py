@@ -1,0 +1,147 @@
+"""How cosine and the norm feature combine into one score, and the record each hit carries.
+
+``s(q, d) = cos(q, d) + w(q) * g(d)`` with ``w(q) = a + b * g_q(q)``. The query's own
+feature only sets the weight: it scales every document's norm term alike, so it
+cannot reorder documents by itself. Only ``g(d)`` moves documents.
+
+Modes:
+
+* ``additive`` (default): the formula above. It is the inner product of
+  ``[q_hat, w(q)]`` and ``[d_hat, g(d)]``, so any inner-product index gives the exact
+  blended top-k in one pass.
+* ``tiebreak``: ``cos + epsilon * sign(w(q)) * (p_d - 1/2)`` with ``p_d = Phi(g(d))`` in
+  (0, 1). The norm term stays inside (-epsilon/2, epsilon/2), so two documents swap
+  only when their cosines differ by less than ``epsilon``. Still one inner product.
+* ``multiplicative``: ``cos * (1 + w(q) * (p_d - 1/2))``, bounded to a factor in
+  ``1 +- |w|/2``; served exactly by a cosine search with a provable stopping bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+
+from normrank.calibration import FEATURES, Feature
+from normrank.errors import InvalidArgumentError
+
+Mode = Literal["additive", "multiplicative", "tiebreak"]
+MODES: tuple[str, ...] = ("additive", "multiplicative", "tiebreak")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """The blend's parameters; ``Weights()`` is plain cosine ranking.
+
+    ``clip`` bounds the standardised feature to +-clip (``squash`` uses ``clip*tanh(g/clip)``
+    instead of a hard clip) so no document can win on its norm alone.
+    """
+
+    a: float = 0.0
+    b: float = 0.0
+    feature: Feature = "calibrated"
+    mode: Mode = "additive"
+    epsilon: float = 0.01
+    clip: float | None = 3.0
+    squash: bool = False
+
+    def __post_init__(self) -> None:
+        if self.feature not in FEATURES:
+            raise InvalidArgumentError(f"unknown norm feature {self.feature!r}; choose one of {list(FEATURES)}")
+        if self.mode not in MODES:
+            raise InvalidArgumentError(f"unknown scoring mode {self.mode!r}; choose one of {list(MODES)}")
+        for name in ("a", "b", "epsilon"):
+            if not math.isfinite(getattr(self, name)):
+                raise InvalidArgumentError(f"weight {name} must be finite, got {getattr(self, name)}")
+        if self.epsilon < 0:
+            raise InvalidArgumentError(f"epsilon must be >= 0, got {self.epsilon}")
+        if self.clip is not None and not self.clip > 0:
+            raise InvalidArgumentError(f"clip must be positive or None, got {self.clip}")
+
+    @property
+    def is_cosine(self) -> bool:
+        """True when the blend reduces to plain cosine ranking."""
+        return self.a == 0.0 and self.b == 0.0
+
+    def shape(self, g: np.ndarray | float) -> np.ndarray:
+        """Clip or squash a standardised feature."""
+        g = np.asarray(g, dtype=np.float64)
+        if self.clip is None:
+            return g
+        if self.squash:
+            return self.clip * np.tanh(g / self.clip)
+        return np.clip(g, -self.clip, self.clip)
+
+    def query_weight(self, g_query: np.ndarray | float) -> np.ndarray:
+        """``w(q) = a + b * g_q``; the query feature is shaped like the documents'."""
+        return self.a + self.b * self.shape(g_query)
+
+    def replace(self, **changes: Any) -> Weights:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(g: np.ndarray) -> np.ndarray:
+    """``Phi(g)``: the standardised feature as a probability in (0, 1)."""
+    from scipy.special import ndtr
+
+    return ndtr(np.asarray(g, dtype=np.float64))
+
+
+def doc_column(g_shaped: np.ndarray, mode: Mode) -> np.ndarray:
+    """The extra coordinate stored after ``d_hat`` for this mode."""
+    if mode == "tiebreak":
+        return percentile(g_shaped) - 0.5
+    return np.asarray(g_shaped, dtype=np.float64)
+
+
+def query_column(w: np.ndarray, weights: Weights) -> np.ndarray:
+    """The extra coordinate appended to ``q_hat``; 0 for multiplicative (served by cosine)."""
+    w = np.asarray(w, dtype=np.float64)
+    if weights.mode == "tiebreak":
+        return weights.epsilon * np.sign(w)
+    if weights.mode == "multiplicative":
+        return np.zeros_like(w)
+    return w
+
+
+def blend(cos: np.ndarray, g_shaped: np.ndarray, w: np.ndarray, weights: Weights) -> np.ndarray:
+    """Blended scores from cosines, shaped doc features and query weights (broadcasting)."""
+    cos = np.asarray(cos, dtype=np.float64)
+    if weights.mode == "additive":
+        return cos + w * g_shaped
+    p = percentile(g_shaped) - 0.5
+    if weights.mode == "tiebreak":
+        return cos + weights.epsilon * np.sign(w) * p
+    return cos * (1.0 + w * p)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One result with its explanation; compares by value, so tests can compare runs.
+
+    ``cosine`` is what a plain vector store would rank by, ``norm`` the raw embedding norm,
+    ``norm_feature`` the shaped calibrated feature ``g(d)``, ``weight`` the query's ``w(q)``,
+    ``score`` the blend the list is sorted by.
+    """
+
+    id: str
+    score: float
+    cosine: float
+    norm: float
+    norm_feature: float
+    weight: float
+    token_count: int
+    text: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def explain(self) -> dict[str, float]:
+        return {"cosine": self.cosine, "norm": self.norm, "norm_feature": self.norm_feature,
+                "weight": self.weight, "score": self.score}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

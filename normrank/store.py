@@ -1,0 +1,689 @@
+"""``NormIndex``: a FAISS store that keeps the norm and serves the exact blended top-k.
+
+Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
+the mode's norm column (``g(d)`` for the additive blend) and zeros pad the width to a
+multiple of ``pad_to`` (odd widths fall off FAISS's fast kernels). A query
+``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
+search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
+
+The raw norm and token count of every document are kept beside the index, so the
+calibration and the feature can be changed later without re-encoding.
+
+Thread safety: every public method takes one re-entrant lock, so searches see either
+the state before or after a concurrent add/delete, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+
+from normrank._validation import as_matrix, check_norm_signal
+from normrank.calibration import FEATURES, NormCalibrator
+from normrank.encoders import RawEncoder, check_texts
+from normrank.errors import (
+    DimensionMismatchError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    IndexFormatError,
+    InvalidArgumentError,
+    InvalidIdError,
+    UnitNormError,
+    UnknownIdError,
+)
+from normrank.persistence import open_verified, write_versioned
+from normrank.scoring import Hit, Weights, blend, doc_column, query_column
+
+logger = logging.getLogger(__name__)
+
+IndexType = Literal["flat", "hnsw", "ivf"]
+INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf")
+FORMAT_VERSION = 1
+MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the store keeps per document besides its vector."""
+
+    id: str
+    text: str | None
+    metadata: dict[str, Any]
+    norm: float
+    token_count: int
+
+
+@dataclass
+class CandidateSet:
+    """Cosine top-``depth`` per query with both norm features: what fitting scores on."""
+
+    doc_ids: list[list[str]]
+    cosine: np.ndarray  # (nq, depth), -inf where a query has fewer candidates
+    doc_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq, depth)
+    query_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq,)
+
+
+def _check_ids(ids: Sequence[Any]) -> list[str]:
+    out = list(ids)
+    for i, x in enumerate(out):
+        if not isinstance(x, str) or not x:
+            raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
+    return out
+
+
+def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
+    if callable(flt):
+        return bool(flt(metadata))
+    for key, want in flt.items():
+        have = metadata.get(key)
+        if isinstance(want, (list, tuple, set, frozenset)):
+            if have not in want:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+class NormIndex:
+    """A FAISS-backed store of raw-norm-aware documents.
+
+    Parameters
+    ----------
+    encoder:
+        Encodes texts; ``None`` makes the bundled MiniLM encoder the first time text is given.
+    dim:
+        Vector dimension; taken from the encoder or the first vectors when ``None``.
+    weights:
+        The blend (``Weights()`` = plain cosine until set by hand or by :meth:`fit`).
+    index_type:
+        ``"flat"`` (exact, default), ``"hnsw"`` or ``"ivf"`` (approximate, faster at scale).
+    pad_to:
+        Round the augmented width up to a multiple of this (8 keeps FAISS on fast kernels).
+    calibrator, query_calibrator:
+        Pre-fitted calibrations; by default the document one is fitted on the first documents
+        (and refitted as the corpus doubles) and the query one by :meth:`fit` or
+        :meth:`calibrate_queries`.
+    """
+
+    def __init__(
+        self,
+        encoder: RawEncoder | None = None,
+        *,
+        dim: int | None = None,
+        weights: Weights | None = None,
+        index_type: IndexType = "flat",
+        pad_to: int = 8,
+        hnsw_m: int = 32,
+        ef_construction: int = 200,
+        ef_search: int = 128,
+        nlist: int = 256,
+        nprobe: int = 16,
+        calibrator: NormCalibrator | None = None,
+        query_calibrator: NormCalibrator | None = None,
+    ) -> None:
+        if index_type not in INDEX_TYPES:
+            raise InvalidArgumentError(f"unknown index_type {index_type!r}; choose one of {list(INDEX_TYPES)}")
+        if pad_to < 1:
+            raise InvalidArgumentError(f"pad_to must be >= 1, got {pad_to}")
+        self._encoder = encoder
+        self._dim = dim
+        self._weights = weights or Weights()
+        self.index_type = index_type
+        self.pad_to = pad_to
+        self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
+        self.nlist, self.nprobe = nlist, nprobe
+        self.calibrator = calibrator or NormCalibrator()
+        self._auto_calibrated = calibrator is None or not calibrator.is_fitted
+        self.query_calibrator = query_calibrator
+        self._records: dict[int, Record] = {}
+        self._by_id: dict[str, int] = {}
+        self._tombstones: set[int] = set()
+        self._next = 0
+        self._index: Any = None
+        self._column_key: tuple[Any, ...] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ properties
+    @property
+    def encoder(self) -> RawEncoder:
+        if self._encoder is None:
+            self._encoder = RawEncoder()
+        return self._encoder
+
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    @property
+    def weights(self) -> Weights:
+        return self._weights
+
+    @property
+    def augmented_dim(self) -> int:
+        if self._dim is None:
+            raise EmptyCorpusError("the index is empty: its dimension is not known yet")
+        return int(math.ceil((self._dim + 1) / self.pad_to) * self.pad_to)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._by_id
+
+    def ids(self) -> list[str]:
+        """Live ids, in insertion order."""
+        with self._lock:
+            return [self._records[i].id for i in sorted(self._by_id.values())]
+
+    def __repr__(self) -> str:
+        return f"NormIndex(n={len(self)}, dim={self._dim}, index_type={self.index_type!r}, weights={self._weights})"
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def from_texts(
+        cls,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        encoder: RawEncoder | None = None,
+        show_progress: bool | None = None,
+        **kwargs: Any,
+    ) -> NormIndex:
+        """Encode ``texts`` with the raw encoder and index them."""
+        if len(texts) == 0:
+            raise EmptyCorpusError("cannot build an index from an empty corpus")
+        index = cls(encoder, **kwargs)
+        index.add_texts(texts, ids=ids, metadatas=metadatas, show_progress=show_progress)
+        return index
+
+    def add_texts(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        show_progress: bool | None = None,
+    ) -> list[str]:
+        """Encode and add texts; returns their ids (new uuids where none are given)."""
+        items = check_texts(texts)
+        if not items:
+            raise EmptyCorpusError("no texts given")
+        self._precheck_ids(ids, len(items))
+        vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
+        return self.add_vectors(vectors, counts, ids=ids, texts=items, metadatas=metadatas)
+
+    def _precheck_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
+        if ids is None:
+            return [uuid.uuid4().hex for _ in range(n)]
+        out = _check_ids(ids)
+        if len(out) != n:
+            raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
+        seen: set[str] = set()
+        for x in out:
+            if x in seen:
+                raise DuplicateIdError(f"id {x!r} is given twice in this batch")
+            if x in self._by_id:
+                raise DuplicateIdError(f"id {x!r} is already in the index; delete it first to replace it")
+            seen.add(x)
+        return out
+
+    def add_vectors(
+        self,
+        vectors: np.ndarray,
+        token_counts: Sequence[int] | np.ndarray,
+        ids: Sequence[str] | None = None,
+        texts: Sequence[str | None] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[str]:
+        """Add raw (un-normalised) vectors with their token counts. All-or-nothing."""
+        with self._lock:
+            mat = as_matrix(vectors, self._dim)
+            n = mat.shape[0]
+            norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+            check_norm_signal(norms) if n > 1 or not self._records else _check_single(norms)
+            counts = np.asarray(token_counts, dtype=np.int64).ravel()
+            if counts.size != n:
+                raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
+            if np.any(counts < 1):
+                raise InvalidArgumentError("token counts must be >= 1")
+            new_ids = self._precheck_ids(ids, n)
+            text_list = list(texts) if texts is not None else [None] * n
+            if len(text_list) != n:
+                raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
+            metas = [dict(m) for m in metadatas] if metadatas is not None else [{} for _ in range(n)]
+            if len(metas) != n:
+                raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
+            for i, m in enumerate(metas):
+                try:
+                    json.dumps(m)
+                except (TypeError, ValueError) as exc:
+                    raise InvalidArgumentError(f"metadata {i} is not JSON-serialisable: {exc}") from exc
+
+            first = self._dim is None
+            if first:
+                self._dim = mat.shape[1]
+            try:
+                calibrator = self.calibrator
+                if not calibrator.is_fitted:
+                    calibrator = NormCalibrator(calibrator.max_bins, calibrator.min_per_bin).fit(norms, counts)
+                internal = np.arange(self._next, self._next + n, dtype=np.int64)
+                self._ensure_index(mat, norms, counts, calibrator)
+                unit = mat / norms[:, None].astype(np.float32)
+                g = self._shaped_feature(calibrator, norms, counts)
+                self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), internal)
+            except Exception:
+                if first:
+                    self._dim, self._index = None, None
+                raise
+            self.calibrator = calibrator
+            self._column_key = self._current_column_key()
+            for j, iid in enumerate(internal.tolist()):
+                rec = Record(new_ids[j], text_list[j], metas[j], float(norms[j]), int(counts[j]))
+                self._records[iid] = rec
+                self._by_id[rec.id] = iid
+            self._next += n
+            if self._auto_calibrated and len(self) >= 2 * max(self.calibrator.n_fitted, 1) and len(self) >= 40:
+                self.recalibrate()
+            return new_ids
+
+    def _ensure_index(self, mat: np.ndarray, norms: np.ndarray, counts: np.ndarray, cal: NormCalibrator) -> None:
+        if self._index is not None:
+            return
+        d = self.augmented_dim
+        if self.index_type == "flat":
+            self._index = faiss.IndexIDMap2(faiss.IndexFlatIP(d))
+        elif self.index_type == "hnsw":
+            base = faiss.IndexHNSWFlat(d, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            base.hnsw.efConstruction = self.ef_construction
+            base.hnsw.efSearch = self.ef_search
+            self._index = faiss.IndexIDMap2(base)
+        else:
+            nlist = max(1, min(self.nlist, mat.shape[0] // 39))
+            quantizer = faiss.IndexFlatIP(d)
+            ivf = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            unit = mat / norms[:, None].astype(np.float32)
+            ivf.train(self._augment(unit, doc_column(self._shaped_feature(cal, norms, counts), self._weights.mode)))
+            ivf.nprobe = min(self.nprobe, nlist)
+            ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
+            self._index = ivf
+
+    def _augment(self, unit: np.ndarray, column: np.ndarray) -> np.ndarray:
+        out = np.zeros((unit.shape[0], self.augmented_dim), dtype=np.float32)
+        out[:, : self._dim] = unit
+        out[:, self._dim] = column
+        return out
+
+    def _shaped_feature(self, cal: NormCalibrator, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return self._weights.shape(cal.transform(norms, counts, self._weights.feature))
+
+    def _current_column_key(self) -> tuple[Any, ...]:
+        w = self._weights
+        return (w.feature, w.clip, w.squash, w.mode == "tiebreak", json.dumps(self.calibrator.to_dict()))
+
+    # ------------------------------------------------------------ changing
+    def delete(self, ids: Iterable[str]) -> int:
+        """Delete documents by id; all ids must exist (nothing is deleted otherwise)."""
+        with self._lock:
+            wanted = _check_ids(list(ids))
+            missing = [x for x in wanted if x not in self._by_id]
+            if missing:
+                raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
+            internal = np.array(sorted({self._by_id[x] for x in wanted}), dtype=np.int64)
+            if internal.size == 0:
+                return 0
+            if self.index_type == "hnsw":
+                self._tombstones.update(internal.tolist())
+            else:
+                self._index.remove_ids(internal)
+            for iid in internal.tolist():
+                rec = self._records.pop(iid)
+                del self._by_id[rec.id]
+            if self.index_type == "hnsw" and len(self._tombstones) > max(1000, len(self)):
+                self._rebuild()
+            return int(internal.size)
+
+    def get(self, ids: Iterable[str]) -> list[Record]:
+        """Records for ``ids`` in the given order."""
+        with self._lock:
+            wanted = _check_ids(list(ids))
+            missing = [x for x in wanted if x not in self._by_id]
+            if missing:
+                raise UnknownIdError(f"unknown ids: {missing[:5]}")
+            return [self._records[self._by_id[x]] for x in wanted]
+
+    def set_weights(self, weights: Weights) -> None:
+        """Change the blend; the stored norm column is rebuilt only if the feature or mode needs it."""
+        with self._lock:
+            self._weights = weights
+            if self._index is not None and self._current_column_key() != self._column_key:
+                self._rebuild()
+
+    def recalibrate(self) -> None:
+        """Refit the document calibration on every stored document and refresh the index."""
+        with self._lock:
+            if not self._records:
+                raise EmptyCorpusError("cannot calibrate an empty index")
+            norms, counts = self._norms_counts(sorted(self._records))
+            self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin).fit(norms, counts)
+            self._rebuild()
+
+    def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
+                          token_counts: np.ndarray | None = None) -> NormCalibrator:
+        """Fit the query calibration on representative query texts (or their norms and counts)."""
+        if norms is None or token_counts is None:
+            if not queries:
+                raise EmptyCorpusError("no queries to calibrate on")
+            vecs, token_counts = self.encoder.encode_with_counts(list(queries))
+            norms = np.linalg.norm(as_matrix(vecs, self._dim).astype(np.float64), axis=1)
+        with self._lock:
+            self.query_calibrator = NormCalibrator().fit(norms, token_counts)
+            return self.query_calibrator
+
+    def _norms_counts(self, internal: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        recs = [self._records[i] for i in internal]
+        return (np.array([r.norm for r in recs], dtype=np.float64),
+                np.array([r.token_count for r in recs], dtype=np.int64))
+
+    def _rebuild(self) -> None:
+        live = np.array(sorted(self._records), dtype=np.int64)
+        unit = self._index.reconstruct_batch(live)[:, : self._dim] if live.size else None
+        norms, counts = self._norms_counts(live.tolist())
+        self._index = None
+        self._tombstones.clear()
+        if live.size:
+            self._ensure_index(unit * norms[:, None].astype(np.float32), norms, counts, self.calibrator)
+            g = self._shaped_feature(self.calibrator, norms, counts)
+            self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), live)
+        self._column_key = self._current_column_key()
+
+    # ------------------------------------------------------------ searching
+    def _encode_queries(
+        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unit query vectors, raw norms and token counts (counts -1 where unknown)."""
+        texts = [q for q in queries if isinstance(q, str)]
+        enc_vecs, enc_counts = (self.encoder.encode_with_counts(texts) if texts else (None, None))
+        rows, counts = [], []
+        t = 0
+        for i, q in enumerate(queries):
+            if isinstance(q, str):
+                rows.append(enc_vecs[t])
+                counts.append(int(enc_counts[t]))
+                t += 1
+            else:
+                rows.append(np.asarray(q, dtype=np.float32).ravel())
+                given = None if token_counts is None else token_counts[i]
+                counts.append(-1 if given is None else int(given))
+        if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
+            bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
+            raise DimensionMismatchError(f"dimension mismatch: query has dimension {bad}, the index {self._dim}")
+        mat = as_matrix(np.stack(rows), self._dim)
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
+
+    def _query_weights(self, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        w = self._weights
+        if w.b == 0.0:
+            return np.full(norms.shape, w.a, dtype=np.float64)
+        if np.any(counts < 1):
+            raise InvalidArgumentError(
+                "a query vector was given without its token count, which the query-conditioned weight "
+                "(b != 0) needs: pass query_token_count, or search with the query text"
+            )
+        if np.any(np.abs(norms - 1.0) < 1e-3):
+            raise UnitNormError(
+                "a query vector is unit length, so its norm cannot set the query-conditioned weight (b != 0): "
+                "search with the query text, or pass a raw vector from normrank.RawEncoder"
+            )
+        cal = self.query_calibrator
+        if cal is None:
+            logger.warning("no query calibration: using the document calibration for query features")
+            cal = self.calibrator
+        return w.query_weight(cal.transform(norms, counts, w.feature))
+
+    def search(
+        self,
+        query: str | np.ndarray,
+        k: int = 10,
+        *,
+        filter: MetadataFilter | None = None,
+        query_token_count: int | None = None,
+    ) -> list[Hit]:
+        """The exact blended top-``k`` for one query (text, or a raw vector)."""
+        return self.search_batch([query], k, filter=filter,
+                                 query_token_counts=None if query_token_count is None else [query_token_count])[0]
+
+    def search_batch(
+        self,
+        queries: Sequence[str | np.ndarray],
+        k: int = 10,
+        *,
+        filter: MetadataFilter | None = None,
+        query_token_counts: Sequence[int | None] | None = None,
+    ) -> list[list[Hit]]:
+        """Blended top-``k`` for many queries in one FAISS call."""
+        if isinstance(queries, (str, np.ndarray)) and not (isinstance(queries, np.ndarray) and queries.ndim == 2):
+            raise InvalidArgumentError("search_batch takes a list of queries; use search() for one")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+            raise InvalidArgumentError(f"k must be a positive integer, got {k!r}")
+        queries = list(queries)
+        if not queries:
+            return []
+        with self._lock:
+            if not self._records:
+                raise EmptyCorpusError("the index is empty: add documents before searching")
+            if k > len(self):
+                raise InvalidArgumentError(
+                    f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
+                )
+            unit, norms, counts = self._encode_queries(queries, query_token_counts)
+            w = self._query_weights(norms, counts)
+            allowed = self._allowed(filter)
+            if allowed is not None and allowed.size == 0:
+                return [[] for _ in queries]
+            kk = k if allowed is None else min(k, int(allowed.size))
+            if self._weights.mode == "multiplicative" and not self._weights.is_cosine:
+                return [self._search_multiplicative(unit[i], w[i], kk, allowed) for i in range(len(queries))]
+            qaug = self._augment(unit, query_column(w, self._weights))
+            scores, ids = self._raw_search(qaug, kk, allowed)
+            return [self._hits(ids[i], scores[i], w[i]) for i in range(len(queries))]
+
+    def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
+        if flt is None:
+            return None
+        if not callable(flt) and not isinstance(flt, Mapping):
+            raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(flt).__name__}")
+        return np.array([i for i, r in self._records.items() if _match(r.metadata, flt)], dtype=np.int64)
+
+    def _raw_search(self, qaug: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        params = None
+        if allowed is not None or self._tombstones:
+            if allowed is not None:
+                live = np.setdiff1d(allowed, np.fromiter(self._tombstones, np.int64)) if self._tombstones else allowed
+                sel = faiss.IDSelectorBatch(live)
+            else:
+                sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.fromiter(self._tombstones, np.int64)))
+            params = self._search_params(sel)
+        scores, ids = self._index.search(qaug, k, params=params) if params else self._index.search(qaug, k)
+        if allowed is not None and self.index_type != "flat" and np.any(ids < 0):
+            return self._exact_subset(qaug, k, allowed, scores, ids)
+        return scores, ids
+
+    def _search_params(self, sel: Any) -> Any:
+        if self.index_type == "hnsw":
+            return faiss.SearchParametersHNSW(sel=sel, efSearch=self.ef_search)
+        if self.index_type == "ivf":
+            return faiss.SearchParametersIVF(sel=sel, nprobe=self._index.nprobe)
+        return faiss.SearchParameters(sel=sel)
+
+    def _exact_subset(self, qaug: np.ndarray, k: int, allowed: np.ndarray, scores: np.ndarray,
+                      ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Approximate indexes can miss filtered matches: score the allowed set exactly instead."""
+        live = np.array([i for i in allowed.tolist() if i not in self._tombstones], dtype=np.int64)
+        vecs = self._index.reconstruct_batch(live)
+        sims = qaug @ vecs.T
+        order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(sims, order, axis=1).astype(np.float32), live[order]
+
+    def _search_multiplicative(self, unit: np.ndarray, w: float, k: int, allowed: np.ndarray | None) -> list[Hit]:
+        """Exact bounded-multiplicative top-k: widen the cosine candidate set until no unseen doc can win."""
+        n_live = len(self) if allowed is None else int(allowed.size)
+        m = min(n_live, max(4 * k, 64))
+        qaug = self._augment(unit[None, :], np.zeros(1))
+        while True:
+            cos, ids = self._raw_search(qaug, m, allowed)
+            cos, ids = cos[0].astype(np.float64), ids[0]
+            keep = ids >= 0
+            cos, ids = cos[keep], ids[keep]
+            norms, counts = self._norms_counts(ids.tolist())
+            g = self._shaped_feature(self.calibrator, norms, counts)
+            scores = blend(cos, g, w, self._weights)
+            order = np.lexsort((ids, -scores))[:k]
+            last = cos[-1] if cos.size else -1.0
+            bound = last + abs(w) / 2 * abs(last)
+            if m >= n_live or (order.size == k and scores[order[-1]] >= bound):
+                return self._hits(ids[order], scores[order].astype(np.float32), w, cosines=cos[order])
+            m = min(n_live, m * 4)
+
+    def _hits(self, ids: np.ndarray, scores: np.ndarray, w: float, cosines: np.ndarray | None = None) -> list[Hit]:
+        keep = ids >= 0
+        ids, scores = ids[keep], scores[keep]
+        if ids.size == 0:
+            return []
+        norms, counts = self._norms_counts(ids.tolist())
+        g = self._shaped_feature(self.calibrator, norms, counts)
+        if cosines is None:
+            qcol = float(query_column(np.array(w), self._weights))
+            cosines = scores.astype(np.float64) - qcol * doc_column(g, self._weights.mode)
+        hits = []
+        for j, iid in enumerate(ids.tolist()):
+            rec = self._records[iid]
+            hits.append(Hit(rec.id, float(scores[j]), float(cosines[j]), rec.norm, float(g[j]), float(w),
+                            rec.token_count, rec.text, dict(rec.metadata)))
+        return hits
+
+    def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
+                          query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
+        """Cosine top-``depth`` per query with both norm features of documents and queries."""
+        with self._lock:
+            depth = min(depth, len(self))
+            unit, qn, qc = self._encode_queries(list(queries), query_token_counts)
+            cos, ids = self._raw_search(self._augment(unit, np.zeros(len(unit))), depth, None)
+            qcal = self.query_calibrator or self.calibrator
+            out = CandidateSet(doc_ids=[], cosine=np.where(ids >= 0, cos, -np.inf).astype(np.float64))
+            flat = ids.ravel()
+            valid = flat >= 0
+            norms = np.ones(flat.size)
+            counts = np.ones(flat.size, dtype=np.int64)
+            n_, c_ = self._norms_counts(flat[valid].tolist())
+            norms[valid], counts[valid] = n_, c_
+            for feat in FEATURES:
+                gd = self.calibrator.transform(norms, counts, feat).reshape(ids.shape)
+                out.doc_features[feat] = np.where(ids >= 0, gd, 0.0)
+                if np.all(qc >= 1):
+                    out.query_features[feat] = qcal.transform(qn, qc, feat)
+            out.doc_ids = [[self._records[i].id for i in row if i >= 0] for row in ids.tolist()]
+            return out
+
+    # ------------------------------------------------------------ fitting
+    def fit(self, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], **kwargs: Any) -> Any:
+        """Fit the blend from labelled queries; keeps plain cosine unless a gain survives validation.
+
+        Fits the query calibration on these queries too. Returns a :class:`normrank.fitting.FitReport`.
+        """
+        from normrank.fitting import fit_index
+
+        return fit_index(self, queries, qrels, **kwargs)
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Save atomically (FAISS file + JSON + NumPy, never pickle); returns the version folder."""
+        with self._lock:
+            if self._index is None:
+                raise EmptyCorpusError("cannot save an empty index")
+            live = sorted(self._records)
+
+            def write(folder: Path) -> None:
+                faiss.write_index(self._index, str(folder / "index.faiss"))
+                norms, counts = self._norms_counts(live)
+                np.save(folder / "internal_ids.npy", np.array(live, dtype=np.int64), allow_pickle=False)
+                np.save(folder / "norms.npy", norms.astype(np.float64), allow_pickle=False)
+                np.save(folder / "token_counts.npy", counts.astype(np.int32), allow_pickle=False)
+                np.save(folder / "tombstones.npy", np.array(sorted(self._tombstones), dtype=np.int64),
+                        allow_pickle=False)
+                with open(folder / "records.jsonl", "w", encoding="utf-8") as fh:
+                    for iid in live:
+                        r = self._records[iid]
+                        fh.write(json.dumps({"id": r.id, "text": r.text, "metadata": r.metadata},
+                                            ensure_ascii=False) + "\n")
+                (folder / "state.json").write_text(json.dumps({
+                    "dim": self._dim, "index_type": self.index_type, "pad_to": self.pad_to,
+                    "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction, "ef_search": self.ef_search,
+                    "nlist": self.nlist, "nprobe": self.nprobe, "next": self._next,
+                    "weights": self._weights.to_dict(), "auto_calibrated": self._auto_calibrated,
+                    "calibrator": self.calibrator.to_dict(),
+                    "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
+                    "encoder": self._encoder.describe() if self._encoder is not None else None,
+                }, indent=2))
+
+            return write_versioned(path, write, {"format_version": FORMAT_VERSION, "dim": self._dim,
+                                                 "count": len(live), "kind": "normrank.NormIndex"})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, encoder: RawEncoder | None = None) -> NormIndex:
+        """Load a saved index, verifying every file's checksum first."""
+        folder, manifest = open_verified(path, FORMAT_VERSION)
+        try:
+            state = json.loads((folder / "state.json").read_text())
+            if encoder is None and state.get("encoder"):
+                e = state["encoder"]
+                model = e["model"] if Path(e["model"]).exists() else None
+                encoder = RawEncoder(model, batch_size=e["batch_size"], device=e["device"],
+                                     max_seq_length=e["max_seq_length"])
+            index = cls(
+                encoder, dim=state["dim"], weights=Weights(**state["weights"]), index_type=state["index_type"],
+                pad_to=state["pad_to"], hnsw_m=state["hnsw_m"], ef_construction=state["ef_construction"],
+                ef_search=state["ef_search"], nlist=state["nlist"], nprobe=state["nprobe"],
+                calibrator=NormCalibrator.from_dict(state["calibrator"]),
+                query_calibrator=(NormCalibrator.from_dict(state["query_calibrator"])
+                                  if state["query_calibrator"] else None),
+            )
+            index._auto_calibrated = state["auto_calibrated"]
+            index._next = state["next"]
+            internal = np.load(folder / "internal_ids.npy", allow_pickle=False)
+            norms = np.load(folder / "norms.npy", allow_pickle=False)
+            counts = np.load(folder / "token_counts.npy", allow_pickle=False)
+            index._tombstones = set(np.load(folder / "tombstones.npy", allow_pickle=False).tolist())
+            with open(folder / "records.jsonl", encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh]
+            index._index = faiss.read_index(str(folder / "index.faiss"))
+        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+            raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
+        if not (len(rows) == internal.size == norms.size == counts.size == manifest["count"]):
+            raise IndexFormatError(f"the index at {path} is inconsistent: record and vector counts differ")
+        for iid, row, nrm, cnt in zip(internal.tolist(), rows, norms.tolist(), counts.tolist()):
+            index._records[iid] = Record(row["id"], row["text"], row["metadata"], float(nrm), int(cnt))
+            index._by_id[row["id"]] = iid
+        index._column_key = index._current_column_key()
+        if index.index_type == "ivf":
+            index._index.nprobe = min(index.nprobe, index._index.nlist)
+        elif index.index_type == "hnsw":
+            faiss.downcast_index(index._index.index).hnsw.efSearch = index.ef_search
+        return index
+
+
+def _check_single(norms: np.ndarray) -> None:
+    if abs(float(norms[0]) - 1.0) < 1e-3:
+        check_norm_signal(norms)
