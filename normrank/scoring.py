@@ -18,14 +18,19 @@ Modes:
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
-from normrank.calibration import FEATURES, Feature
-from normrank.errors import InvalidArgumentError
+from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, check_norm_signal
+from normrank.calibration import FEATURES, Feature, NormCalibrator
+from normrank.errors import InvalidArgumentError, UnitNormError
+
+logger = logging.getLogger(__name__)
 
 Mode = Literal["additive", "multiplicative", "tiebreak"]
 MODES: tuple[str, ...] = ("additive", "multiplicative", "tiebreak")
@@ -145,3 +150,76 @@ class Hit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Bins of at least this many candidates when :func:`rescore` calibrates on the candidates themselves.
+CANDIDATE_MIN_PER_BIN = 5
+
+
+def rescore(
+    query_vector: np.ndarray | Sequence[float],
+    doc_vectors: np.ndarray | Sequence[Sequence[float]],
+    doc_token_counts: Sequence[int] | np.ndarray,
+    *,
+    weights: Weights,
+    calibrator: NormCalibrator | None = None,
+    query_calibrator: NormCalibrator | None = None,
+    query_token_count: int | None = None,
+    ids: Sequence[str] | None = None,
+) -> list[Hit]:
+    """Blend-score documents another retriever found, returned as hits in input order.
+
+    Re-rankers (the LlamaIndex postprocessor, the Haystack ranker) receive candidates
+    rather than searching a :class:`~normrank.store.NormIndex`; this gives them exactly
+    the index's arithmetic. All vectors must be raw and from one model.
+
+    ``calibrator`` is the document calibration, ideally fitted on the whole corpus
+    (``NormIndex.calibrator``). ``None`` fits one on these candidates: the feature then
+    says how a document's norm sits among the other candidates of its length, which is
+    coarse on a handful of texts but needs no corpus. ``query_calibrator`` (else the
+    document one) and ``query_token_count`` are needed only when ``weights.b != 0``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Counts or ids do not match the documents, or ``b != 0`` without a query token count.
+    UnitNormError
+        The document vectors (or, with ``b != 0``, the query vector) are unit length.
+    """
+    query = as_matrix(query_vector)
+    if query.shape[0] != 1:
+        raise InvalidArgumentError(f"expected one query vector, got {query.shape[0]}")
+    docs = as_matrix(doc_vectors, query.shape[1])
+    counts = np.asarray(doc_token_counts, dtype=np.int64).ravel()
+    if counts.size != docs.shape[0]:
+        raise InvalidArgumentError(f"{counts.size} token counts for {docs.shape[0]} documents")
+    names = [str(i) for i in range(docs.shape[0])] if ids is None else list(ids)
+    if len(names) != docs.shape[0]:
+        raise InvalidArgumentError(f"{len(names)} ids for {docs.shape[0]} documents")
+    norms = np.linalg.norm(docs.astype(np.float64), axis=1)
+    if norms.size >= 2 or abs(float(norms[0]) - 1.0) < UNIT_NORM_TOLERANCE:
+        check_norm_signal(norms)
+    cal = calibrator if calibrator is not None else NormCalibrator(min_per_bin=CANDIDATE_MIN_PER_BIN).fit(norms, counts)
+    g = weights.shape(cal.transform(norms, counts, weights.feature))
+    q_norm = float(np.linalg.norm(query.astype(np.float64)))
+    if weights.b == 0.0:
+        w = float(weights.a)
+    else:
+        if query_token_count is None or query_token_count < 1:
+            raise InvalidArgumentError(
+                "the query-conditioned weight (b != 0) needs the query's token count: pass query_token_count"
+            )
+        if abs(q_norm - 1.0) < UNIT_NORM_TOLERANCE:
+            raise UnitNormError(
+                "the query vector is unit length, so its norm cannot set the query-conditioned weight "
+                "(b != 0): pass a raw vector from normrank.RawEncoder"
+            )
+        qcal = query_calibrator
+        if qcal is None:
+            logger.warning("no query calibration: using the document calibration for query features")
+            qcal = cal
+        w = float(weights.query_weight(qcal.transform([q_norm], [query_token_count], weights.feature))[0])
+    cos = (docs.astype(np.float64) / norms[:, None]) @ (query[0].astype(np.float64) / q_norm)
+    scores = blend(cos, g, w, weights)
+    return [Hit(names[i], float(scores[i]), float(cos[i]), float(norms[i]), float(g[i]), w, int(counts[i]))
+            for i in range(docs.shape[0])]
