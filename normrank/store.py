@@ -9,12 +9,22 @@ search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives
 The raw norm and token count of every document are kept beside the index, so the
 calibration and the feature can be changed later without re-encoding.
 
-Thread safety: every public method takes one re-entrant lock, so searches see either
-the state before or after a concurrent add/delete, never a mix.
+Thread safety (the contract ``tests/test_concurrency.py`` checks): one re-entrant lock
+guards the index state, and every public method that reads or changes it holds the lock
+for its whole run. So calls from many threads behave as if they ran one at a time in
+some order: a search sees the state before or after a concurrent ``add_*``, ``delete``,
+``set_weights`` or ``recalibrate``, never a mix, and its scores are exactly those of that
+state. Query texts are encoded before the lock is taken, so a slow encoding does not hold
+up writers. Searches on one index run one at a time (FAISS already parallelises a batch
+internally): pass many queries to ``search_batch`` for throughput. ``get`` and hits return
+copies of metadata, so callers cannot change stored documents by accident. Across
+processes, ``save``/``load`` of one folder are ordered by a file lock
+(:mod:`normrank.persistence`); each process still has its own in-memory index.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -22,14 +32,14 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import faiss
 import numpy as np
 
-from normrank._validation import as_matrix, check_norm_signal
+from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, check_norm_signal
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
@@ -42,7 +52,7 @@ from normrank.errors import (
     UnitNormError,
     UnknownIdError,
 )
-from normrank.persistence import open_verified, write_versioned
+from normrank.persistence import reading, write_versioned
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
 
 logger = logging.getLogger(__name__)
@@ -50,6 +60,9 @@ logger = logging.getLogger(__name__)
 IndexType = Literal["flat", "hnsw", "ivf"]
 INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf")
 FORMAT_VERSION = 1
+#: Every file a save writes; a manifest that does not list one of them was altered.
+SAVED_FILES = ("index.faiss", "internal_ids.npy", "norms.npy", "token_counts.npy", "tombstones.npy",
+               "records.jsonl", "state.json")
 MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
 
 
@@ -252,26 +265,20 @@ class NormIndex:
             mat = as_matrix(vectors, self._dim)
             n = mat.shape[0]
             norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-            check_norm_signal(norms) if n > 1 or not self._records else _check_single(norms)
-            counts = np.asarray(token_counts, dtype=np.int64).ravel()
+            check_norm_signal(norms) if not self._records else _check_unit(norms)
+            counts = _as_counts(token_counts)
             if counts.size != n:
                 raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
-            if np.any(counts < 1):
-                raise InvalidArgumentError("token counts must be >= 1")
             new_ids = self._precheck_ids(ids, n)
             text_list = list(texts) if texts is not None else [None] * n
             if len(text_list) != n:
                 raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
-            metas = [dict(m) for m in metadatas] if metadatas is not None else [{} for _ in range(n)]
-            if len(metas) != n:
-                raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
-            for i, m in enumerate(metas):
-                try:
-                    json.dumps(m)
-                except (TypeError, ValueError) as exc:
-                    raise InvalidArgumentError(f"metadata {i} is not JSON-serialisable: {exc}") from exc
+            for i, t in enumerate(text_list):
+                if t is not None and not isinstance(t, str):
+                    raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
+            metas = _as_metadatas(metadatas, n)
 
-            first = self._dim is None
+            first, fresh = self._dim is None, self._index is None
             if first:
                 self._dim = mat.shape[1]
             try:
@@ -285,7 +292,9 @@ class NormIndex:
                 self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), internal)
             except Exception:
                 if first:
-                    self._dim, self._index = None, None
+                    self._dim = None
+                if fresh:
+                    self._index = None
                 raise
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
@@ -361,14 +370,22 @@ class NormIndex:
             missing = [x for x in wanted if x not in self._by_id]
             if missing:
                 raise UnknownIdError(f"unknown ids: {missing[:5]}")
-            return [self._records[self._by_id[x]] for x in wanted]
+            return [replace(r, metadata=copy.deepcopy(r.metadata))
+                    for r in (self._records[self._by_id[x]] for x in wanted)]
 
     def set_weights(self, weights: Weights) -> None:
         """Change the blend; the stored norm column is rebuilt only if the feature or mode needs it."""
+        if not isinstance(weights, Weights):
+            raise InvalidArgumentError(f"set_weights takes a normrank.Weights, got {type(weights).__name__}")
         with self._lock:
+            old = self._weights
             self._weights = weights
             if self._index is not None and self._current_column_key() != self._column_key:
-                self._rebuild()
+                try:
+                    self._rebuild()
+                except BaseException:
+                    self._weights = old  # _rebuild has put the old index back
+                    raise
 
     def recalibrate(self) -> None:
         """Refit the document calibration on every stored document and refresh the index."""
@@ -376,8 +393,13 @@ class NormIndex:
             if not self._records:
                 raise EmptyCorpusError("cannot calibrate an empty index")
             norms, counts = self._norms_counts(sorted(self._records))
-            self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin).fit(norms, counts)
-            self._rebuild()
+            old = self.calibrator
+            self.calibrator = NormCalibrator(old.max_bins, old.min_per_bin).fit(norms, counts)
+            try:
+                self._rebuild()
+            except BaseException:
+                self.calibrator = old  # _rebuild has put the old index back
+                raise
 
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
                           token_counts: np.ndarray | None = None) -> NormCalibrator:
@@ -400,21 +422,33 @@ class NormIndex:
         live = np.array(sorted(self._records), dtype=np.int64)
         unit = self._index.reconstruct_batch(live)[:, : self._dim] if live.size else None
         norms, counts = self._norms_counts(live.tolist())
-        self._index = None
-        self._tombstones.clear()
-        if live.size:
-            self._ensure_index(unit * norms[:, None].astype(np.float32), norms, counts, self.calibrator)
-            g = self._shaped_feature(self.calibrator, norms, counts)
-            self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), live)
+        old_index, old_tombstones = self._index, set(self._tombstones)
+        try:  # on any failure the old index stays, so no document is lost
+            self._index = None
+            self._tombstones.clear()
+            if live.size:
+                self._ensure_index(unit * norms[:, None].astype(np.float32), norms, counts, self.calibrator)
+                g = self._shaped_feature(self.calibrator, norms, counts)
+                self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), live)
+        except BaseException:
+            self._index, self._tombstones = old_index, old_tombstones
+            raise
         self._column_key = self._current_column_key()
 
     # ------------------------------------------------------------ searching
+    def _encode_texts(self, queries: Sequence[str | np.ndarray]) -> tuple[Any, Any]:
+        """Encode the text queries; needs no index state, so searches call it before taking the lock."""
+        texts = [q for q in queries if isinstance(q, str)]
+        return self.encoder.encode_with_counts(texts) if texts else (None, None)
+
     def _encode_queries(
-        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None
+        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None,
+        encoded: tuple[Any, Any] | None = None,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Unit query vectors, raw norms and token counts (counts -1 where unknown)."""
-        texts = [q for q in queries if isinstance(q, str)]
-        enc_vecs, enc_counts = (self.encoder.encode_with_counts(texts) if texts else (None, None))
+        if token_counts is not None and len(token_counts) != len(queries):
+            raise InvalidArgumentError(f"{len(token_counts)} query token counts for {len(queries)} queries")
+        enc_vecs, enc_counts = encoded if encoded is not None else self._encode_texts(queries)
         rows, counts = [], []
         t = 0
         for i, q in enumerate(queries):
@@ -481,6 +515,9 @@ class NormIndex:
         queries = list(queries)
         if not queries:
             return []
+        if not self._records:
+            raise EmptyCorpusError("the index is empty: add documents before searching")
+        encoded = self._encode_texts(queries)  # outside the lock: encoding is the slow part
         with self._lock:
             if not self._records:
                 raise EmptyCorpusError("the index is empty: add documents before searching")
@@ -488,7 +525,7 @@ class NormIndex:
                 raise InvalidArgumentError(
                     f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
                 )
-            unit, norms, counts = self._encode_queries(queries, query_token_counts)
+            unit, norms, counts = self._encode_queries(queries, query_token_counts, encoded)
             w = self._query_weights(norms, counts)
             allowed = self._allowed(filter)
             if allowed is not None and allowed.size == 0:
@@ -571,7 +608,7 @@ class NormIndex:
         for j, iid in enumerate(ids.tolist()):
             rec = self._records[iid]
             hits.append(Hit(rec.id, float(scores[j]), float(cosines[j]), rec.norm, float(g[j]), float(w),
-                            rec.token_count, rec.text, dict(rec.metadata)))
+                            rec.token_count, rec.text, copy.deepcopy(rec.metadata)))
         return hits
 
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
@@ -643,13 +680,35 @@ class NormIndex:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, encoder: RawEncoder | None = None) -> NormIndex:
-        """Load a saved index, verifying every file's checksum first."""
-        folder, manifest = open_verified(path, FORMAT_VERSION)
+        """Load a saved index, verifying every file's checksum and the counts first.
+
+        Raises
+        ------
+        FileNotFoundError
+            Nothing is saved at ``path``.
+        IndexFormatError
+            A file is missing, truncated or altered (the message names it), the parts
+            disagree with each other, or the format version is newer than this normrank.
+        """
+        with reading(path, FORMAT_VERSION, SAVED_FILES) as (folder, manifest):
+            try:
+                state = json.loads((folder / "state.json").read_text())
+                internal = np.load(folder / "internal_ids.npy", allow_pickle=False)
+                norms = np.load(folder / "norms.npy", allow_pickle=False)
+                counts = np.load(folder / "token_counts.npy", allow_pickle=False)
+                tombstones = np.load(folder / "tombstones.npy", allow_pickle=False)
+                with open(folder / "records.jsonl", encoding="utf-8") as fh:
+                    rows = [json.loads(line) for line in fh]
+                faiss_index = faiss.read_index(str(folder / "index.faiss"))
+            except (KeyError, TypeError, ValueError, RuntimeError, OSError) as exc:
+                raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
         try:
-            state = json.loads((folder / "state.json").read_text())
             if encoder is None and state.get("encoder"):
                 e = state["encoder"]
                 model = e["model"] if Path(e["model"]).exists() else None
+                if model is None:
+                    logger.warning("the model %r the index was saved with is not here; using the bundled model",
+                                   e["model"])
                 encoder = RawEncoder(model, batch_size=e["batch_size"], device=e["device"],
                                      max_seq_length=e["max_seq_length"])
             index = cls(
@@ -662,20 +721,33 @@ class NormIndex:
             )
             index._auto_calibrated = state["auto_calibrated"]
             index._next = state["next"]
-            internal = np.load(folder / "internal_ids.npy", allow_pickle=False)
-            norms = np.load(folder / "norms.npy", allow_pickle=False)
-            counts = np.load(folder / "token_counts.npy", allow_pickle=False)
-            index._tombstones = set(np.load(folder / "tombstones.npy", allow_pickle=False).tolist())
-            with open(folder / "records.jsonl", encoding="utf-8") as fh:
-                rows = [json.loads(line) for line in fh]
-            index._index = faiss.read_index(str(folder / "index.faiss"))
-        except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-            raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
-        if not (len(rows) == internal.size == norms.size == counts.size == manifest["count"]):
-            raise IndexFormatError(f"the index at {path} is inconsistent: record and vector counts differ")
-        for iid, row, nrm, cnt in zip(internal.tolist(), rows, norms.tolist(), counts.tolist()):
-            index._records[iid] = Record(row["id"], row["text"], row["metadata"], float(nrm), int(cnt))
-            index._by_id[row["id"]] = iid
+            index._tombstones = set(tombstones.tolist())
+            index._index = faiss_index
+            count = manifest.get("count")
+            expected_ntotal = len(rows) + (len(index._tombstones) if index.index_type == "hnsw" else 0)
+            problems = [
+                msg for bad, msg in (
+                    (not (len(rows) == internal.size == norms.size == counts.size == count),
+                     f"{len(rows)} records, {internal.size} ids, {norms.size} norms, {counts.size} token counts, "
+                     f"manifest count {count!r}"),
+                    (manifest.get("dim") != index._dim, f"manifest dim {manifest.get('dim')!r}, state dim {index._dim}"),
+                    (faiss_index.d != index.augmented_dim,
+                     f"FAISS width {faiss_index.d}, expected {index.augmented_dim}"),
+                    (faiss_index.ntotal != expected_ntotal,
+                     f"FAISS holds {faiss_index.ntotal} vectors, expected {expected_ntotal}"),
+                ) if bad
+            ]
+            if problems:
+                raise IndexFormatError(f"the index at {path} is inconsistent: {'; '.join(problems)}")
+            for iid, row, nrm, cnt in zip(internal.tolist(), rows, norms.tolist(), counts.tolist()):
+                index._records[iid] = Record(row["id"], row["text"], row["metadata"], float(nrm), int(cnt))
+                index._by_id[row["id"]] = iid
+            if len(index._by_id) != len(rows):
+                raise IndexFormatError(f"the index at {path} is inconsistent: its records repeat an id")
+        except IndexFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise IndexFormatError(f"the index at {path} could not be read: {exc!r} in state.json or records") from exc
         index._column_key = index._current_column_key()
         if index.index_type == "ivf":
             index._index.nprobe = min(index.nprobe, index._index.nlist)
@@ -684,6 +756,36 @@ class NormIndex:
         return index
 
 
-def _check_single(norms: np.ndarray) -> None:
-    if abs(float(norms[0]) - 1.0) < 1e-3:
+def _check_unit(norms: np.ndarray) -> None:
+    """Against a calibrated corpus refuse only unit-length batches: equal norms (a text added twice) are fine."""
+    if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
         check_norm_signal(norms)
+
+
+def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    try:
+        raw = np.asarray(token_counts, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
+    if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
+        raise InvalidArgumentError("token counts must be whole numbers >= 1")
+    return raw.astype(np.int64)
+
+
+def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int) -> list[dict[str, Any]]:
+    """Deep copies through JSON: the store never shares a dict with the caller, and holds exactly
+    what a save writes (so keys become strings and tuples lists now, not after a reload)."""
+    if metadatas is None:
+        return [{} for _ in range(n)]
+    metas = list(metadatas)
+    if len(metas) != n:
+        raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
+    out = []
+    for i, m in enumerate(metas):
+        if not isinstance(m, Mapping):
+            raise InvalidArgumentError(f"metadata {i} is a {type(m).__name__}, expected a dict")
+        try:
+            out.append(json.loads(json.dumps(dict(m))))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"metadata {i} is not JSON-serialisable: {exc}") from exc
+    return out
