@@ -69,3 +69,7 @@ class ModelLoadError(NormRankError, OSError):
 
 class DatasetError(NormRankError, ValueError):
     """A BEIR folder is incomplete or its qrels name unknown ids."""
+
+
+class BackendError(NormRankError, RuntimeError):
+    """A storage backend cannot be used: server unreachable, extension missing, or a foreign table."""
