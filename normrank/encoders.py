@@ -125,6 +125,7 @@ class RawEncoder:
         model = _strip_normalize(stock)
         if getattr(model, "tokenizer", None) is None:
             raise ModelLoadError(f"model {self.model_name!r} has no tokenizer; token counts need one")
+        _check_tokenizer(model, self.model_name)
         if self.max_seq_length is not None:
             model.max_seq_length = self.max_seq_length
         logger.debug("loaded %s (dim %d)", self.model_name, model.get_embedding_dimension())
@@ -213,6 +214,23 @@ def _strip_normalize(model: Any) -> Any:
     raw = SentenceTransformer(modules=modules, device=str(model.device))
     raw.max_seq_length = model.max_seq_length
     return raw
+
+
+def _check_tokenizer(model: Any, name: str) -> None:
+    """Refuse a tokenizer far smaller than the model's vocabulary.
+
+    A folder without its tokenizer files still "loads": transformers builds a tokenizer
+    from the config alone with only the 5 special tokens, so every word becomes [UNK]
+    and every text gets nearly the same vector, silently.
+    """
+    config = getattr(getattr(model[0], "auto_model", None), "config", None) if len(model) else None
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0 and len(model.tokenizer) < vocab // 2:
+        raise ModelLoadError(
+            f"model {name!r} has no usable tokenizer: it knows {len(model.tokenizer)} tokens but the model "
+            f"has {vocab}; the tokenizer files (tokenizer.json, vocab.txt, tokenizer_config.json, ...) are "
+            "missing from the model folder"
+        )
 
 
 def _looks_like_path(name: str) -> bool:
