@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+
+import numpy as np
 
 from normrank.errors import NormRankError
 
@@ -55,8 +58,209 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ index
+_TEXT_SUFFIXES = (".txt", ".md")
+
+
+def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], list[str]]:
+    """(ids, texts, metadatas, skipped ids) from a BEIR folder, a .jsonl[.gz] file or a folder of .txt/.md.
+
+    Raises
+    ------
+    DatasetError
+        The source does not exist, is of none of these kinds, or a row has no text field.
+    """
+    from normrank.datasets import read_jsonl
+    from normrank.errors import DatasetError
+
+    path = Path(source)
+    rows: list[tuple[str, str, dict]] = []
+    if path.is_dir():
+        corpus = next((path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).is_file()), None)
+        if corpus is not None:
+            rows = _jsonl_rows(read_jsonl(corpus), corpus)
+        else:
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
+            if not files:
+                raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
+            for f in files:
+                rel = f.relative_to(path).as_posix()
+                try:
+                    text = f.read_text(encoding="utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DatasetError(f"{f} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
+                rows.append((rel, text.strip(), {"path": rel}))
+    elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
+        rows = _jsonl_rows(read_jsonl(path), path)
+    elif path.exists():
+        raise DatasetError(f"{path} is neither a folder nor a .jsonl/.jsonl.gz file")
+    else:
+        raise DatasetError(f"no such file or folder: {path}")
+    ids, texts, metas, skipped = [], [], [], []
+    for did, text, meta in rows:
+        if text.strip():
+            ids.append(did)
+            texts.append(text)
+            metas.append(meta)
+        else:
+            skipped.append(did)
+    return ids, texts, metas, skipped
+
+
+def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
+    from normrank.errors import DatasetError
+
+    out = []
+    for no, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or "text" not in row:
+            raise DatasetError(f"row {no} of {path} has no 'text' field (expected _id, title, text)")
+        did = str(row.get("_id", row.get("id", no)))
+        title = str(row.get("title") or "").strip()
+        body = str(row.get("text") or "").strip()
+        meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
+        if title:
+            meta["title"] = title
+        out.append((did, f"{title}\n{body}".strip() if title else body, meta))
+    return out
+
+
+def cmd_index(args: argparse.Namespace) -> int:
+    """Encode a corpus with the raw encoder (cached) and save a NormIndex."""
+    from normrank.cache import encode_cached
+    from normrank.config import build_index, load_config
+
+    ids, texts, metas, skipped = read_source(args.source)
+    if skipped:
+        print(f"note: skipped {len(skipped)} empty document(s), e.g. {skipped[:3]}", file=sys.stderr)
+    if not ids:
+        from normrank.errors import EmptyCorpusError
+
+        raise EmptyCorpusError(f"{args.source} holds no document with text")
+    config = load_config(args.config)
+    config.store.path = None  # --out is where this index goes; never load another one into it
+    index = build_index(config)
+    vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
+    index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
+    index.save(args.out)
+    norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+    print(f"indexed {len(index)} documents into {args.out} (model {index.encoder.model_name}, "
+          f"raw norms {norms.min():.3f}..{norms.max():.3f})")
+    return 0
+
+
+# ------------------------------------------------------------------ search
+def cmd_search(args: argparse.Namespace) -> int:
+    """Search a saved index and explain every hit."""
+    from normrank.scoring import Weights
+    from normrank.store import NormIndex
+
+    index = NormIndex.load(args.index)
+    if args.cosine:
+        index.set_weights(Weights())
+    k = min(args.k, len(index))
+    hits = index.search(args.query, k)
+    if args.json:
+        print(json.dumps({"query": args.query, "weights": index.weights.to_dict(),
+                          "hits": [h.to_dict() for h in hits]}, ensure_ascii=False))
+        return 0
+    w = index.weights
+    blend = "plain cosine" if w.is_cosine else f"{w.mode} blend, a={w.a:+g} b={w.b:+g}, feature {w.feature}"
+    print(f"{len(hits)} hits for {args.query!r} ({blend})")
+    print(f"  {'#':>2} {'id':<16} {'score':>7} {'cosine':>7} {'g(d)':>6} {'w(q)':>7}  text")
+    for r, h in enumerate(hits, 1):
+        snippet = " ".join((h.text or h.metadata.get("title", "") or "").split())[:60]
+        print(f"  {r:>2} {h.id[:16]:<16} {h.score:7.4f} {h.cosine:7.4f} {h.norm_feature:+6.2f} {h.weight:+7.4f}  "
+              f"{snippet}")
+    return 0
+
+
+# ------------------------------------------------------------------ fit
+def cmd_fit(args: argparse.Namespace) -> int:
+    """Fit the blend on labelled queries and save it into the index folder."""
+    from normrank.config import load_config
+    from normrank.datasets import read_jsonl
+    from normrank.errors import DatasetError
+    from normrank.evaluation import read_qrels
+    from normrank.store import NormIndex
+
+    index = NormIndex.load(args.index)
+    qpath = Path(args.queries)
+    if not qpath.is_file():
+        raise DatasetError(f"no queries file {qpath}")
+    queries = {str(r.get("_id", r.get("id", ""))): str(r.get("text") or "") for r in read_jsonl(qpath)}
+    qrels = read_qrels(args.qrels)
+    known = set(index.ids())
+    missing = {d for docs in qrels.values() for d in docs if d not in known}
+    if missing and not args.allow_missing_docs:
+        from normrank.errors import UnknownIdError
+
+        raise UnknownIdError(f"the qrels name {len(missing)} documents that are not in the index, e.g. "
+                             f"{sorted(missing)[:3]}; pass --allow-missing-docs to count them as unretrievable "
+                             "(e.g. empty documents skipped at indexing)")
+    kwargs = {}
+    if args.config:
+        f = load_config(args.config).fit
+        kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
+                      modes=f.modes)
+    empty = [q for q in qrels if q in queries and not queries[q].strip()]
+    if empty:
+        raise DatasetError(f"{len(empty)} judged queries have empty text, e.g. {empty[:3]}")
+    report = index.fit(queries, qrels, missing_ok=missing, **kwargs)
+    index.save(args.index)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    w = report.weights
+    chosen = "plain cosine" if w.is_cosine else f"{w.mode} a={w.a:+g} b={w.b:+g} feature {w.feature}"
+    print(f"fitted on {report.n_queries} queries: {chosen}")
+    print(f"  {report.reason}")
+    print(f"  cross-validated nDCG@10: cosine {report.cv_cosine_ndcg:.4f}, blend {report.cv_blend_ndcg:.4f}")
+    print(f"saved the weights into {args.index}")
+    return 0
+
+
+# ------------------------------------------------------------------ eval
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Cosine vs BM25 vs raw dot vs fitted normrank on a BEIR folder, evaluated queries never fitted."""
+    from normrank.config import build_encoder, load_config
+    from normrank.evaluation import evaluate, format_report
+
+    encoder, kwargs = None, None
+    if args.config:
+        config = load_config(args.config)
+        encoder = build_encoder(config)
+        f = config.fit
+        kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
+                      modes=f.modes)
+    result = evaluate(args.beir_dir, split=args.split, train_split=args.train_split, folds=args.folds,
+                      seed=args.seed, encoder=encoder, fit_kwargs=kwargs, show_progress=not args.no_progress)
+    print(json.dumps(result) if args.json else format_report(result))
+    return 0
+
+
+# ------------------------------------------------------------------ analyze
+def cmd_analyze(args: argparse.Namespace) -> int:
+    """Norm diagnostics of a saved index."""
+    from normrank.analysis import analyze_index, format_analysis, plot_analysis
+    from normrank.store import NormIndex
+
+    index = NormIndex.load(args.index)
+    result = analyze_index(index, top=args.top)
+    if args.plot:
+        plot_analysis(index, args.plot)
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+    else:
+        print(format_analysis(result))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    for w in result.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="normrank", description="Norm-aware retrieval: cosine plus a "
+    parser = _Parser(prog="normrank", description="Norm-aware retrieval: cosine plus a "
                                      "calibrated, query-conditioned embedding-norm term.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,19 +272,101 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b", type=float, default=0.0, help="query-conditioned norm weight (default 0)")
     p.add_argument("--out", help="where to save the demo index (default: the user cache folder)")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("index", help="encode a corpus and save a normrank index",
+                       description="SOURCE is a BEIR folder (corpus.jsonl[.gz]), a .jsonl[.gz] file of "
+                       "{_id, title, text} rows, or a folder of .txt/.md files. Empty documents are skipped "
+                       "with a note. Encodings are cached, so re-indexing the same texts is fast.")
+    p.add_argument("source", help="BEIR folder, .jsonl[.gz] file, or folder of .txt/.md files")
+    p.add_argument("--out", required=True, help="folder to save the index into")
+    p.add_argument("--config", help="normrank.yaml (encoder, store and scoring settings)")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_index)
+
+    p = sub.add_parser("search", help="search a saved index; every hit with its explanation")
+    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
+    p.add_argument("query", help="the query text")
+    p.add_argument("-k", type=_positive_int, default=10, help="number of hits (default 10)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--cosine", action="store_true", help="rank by plain cosine (ignore the saved blend)")
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("fit", help="fit the norm blend on labelled queries and save it into the index",
+                       description="Fits (a, b), the feature and the mode on labelled queries with "
+                       "cross-validation; plain cosine is kept unless a gain survives a paired test.")
+    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
+    p.add_argument("--queries", required=True, help="queries.jsonl[.gz] with _id and text")
+    p.add_argument("--qrels", required=True, help="qrels TSV: query-id, corpus-id, score (BEIR layout)")
+    p.add_argument("--config", help="normrank.yaml whose `fit` section sets folds, alpha, grid features, modes")
+    p.add_argument("--allow-missing-docs", action="store_true",
+                   help="keep qrels documents absent from the index (e.g. skipped empty ones) as unretrievable")
+    p.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("eval", help="do norms help on this collection? cosine, BM25, raw dot, fitted normrank",
+                       description="Encodes a BEIR folder (cached), fits normrank on the train split or by "
+                       "k-fold cross-validation (default: train->test when qrels/train.tsv exists, else "
+                       "5-fold CV), and reports nDCG@10 and Recall@100 on the evaluated queries, which "
+                       "are never used for fitting, with a paired t-test against cosine.")
+    p.add_argument("beir_dir", metavar="BEIR_DIR", help="folder with corpus.jsonl[.gz], queries.jsonl, qrels/")
+    p.add_argument("--split", help="qrels split to evaluate (default: test)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--train-split", help="fit on this qrels split")
+    g.add_argument("--folds", type=_positive_int, help="fit by k-fold cross-validation on the evaluated split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default 0)")
+    p.add_argument("--config", help="normrank.yaml (encoder model and `fit` settings)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("analyze", help="norm diagnostics of a saved index",
+                       description="Norm distribution, Spearman correlation with length before and after "
+                       "calibration, the most and least specific documents, and a warning when the norm "
+                       "carries no usable signal.")
+    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
+    p.add_argument("--plot", help="write a PNG with the distributions here")
+    p.add_argument("--top", type=_positive_int, default=5, help="documents to list at each end (default 5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_analyze)
     return parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line naming the command and the way to its help."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``normrank`` command; returns the exit code (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2): return it, so callers get an int
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    # The model-loading bar of transformers is noise on a command line; encoding bars stay.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
-    except (NormRankError, FileNotFoundError) as exc:
+    except (NormRankError, FileNotFoundError, PermissionError, ImportError) as exc:
         print(f"normrank {args.command}: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"normrank {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

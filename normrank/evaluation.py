@@ -1,0 +1,442 @@
+"""Does the norm help on *this* collection and model? Cosine, BM25, raw dot and fitted normrank, side by side.
+
+Used by ``normrank eval`` and ``benchmarks/quality.py``. The protocol keeps the
+evaluated queries out of every fitting step, query calibration included:
+
+* **train -> test** when the collection has a train split: fit on the train queries'
+  cosine candidates, evaluate the test queries with the index's exact blended search;
+* **k-fold cross-validation** otherwise: the evaluated queries are split into folds; each
+  fold is searched with the blend (and query calibration) fitted on the other folds only.
+
+Metrics are per query from pytrec_eval (:mod:`normrank.metrics`); differences against
+cosine are tested with a two-sided paired t-test over queries and counted as queries
+improved / worsened, because a mean alone hides a blend that helps some queries and
+hurts as many others.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import stats
+
+from normrank.cache import encode_cached
+from normrank.datasets import available_splits, load_beir, load_qrels
+from normrank.encoders import RawEncoder
+from normrank.errors import DatasetError, EmptyCorpusError, InvalidArgumentError
+from normrank.fitting import check_qrels, fit_candidates
+from normrank.metrics import has_relevant, per_query
+from normrank.scoring import Weights
+from normrank.store import NormIndex
+
+logger = logging.getLogger(__name__)
+
+Run = dict[str, dict[str, float]]
+Qrels = Mapping[str, Mapping[str, int]]
+
+#: Cut-off of every run: Recall@100 needs the top 100.
+RUN_DEPTH = 100
+#: Cosine candidates per training query that the fit re-ranks (as ``normrank.fitting.fit_index``).
+FIT_DEPTH = 100
+METRICS: tuple[str, ...] = ("ndcg@10", "recall@100")
+
+
+# ---------------------------------------------------------------- protocol
+@dataclass(frozen=True)
+class Protocol:
+    """How the evaluated queries are kept apart from the fitted ones."""
+
+    split: str
+    train_split: str | None = None
+    folds: int | None = None
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.train_split}->{self.split}" if self.train_split else f"{self.folds}-fold cv on {self.split}"
+
+
+def choose_protocol(path: str | os.PathLike[str], split: str | None = None, train_split: str | None = None,
+                    folds: int | None = None, seed: int = 0) -> Protocol:
+    """Train -> test when the folder has a train split, else 5-fold CV; explicit choices win.
+
+    Raises
+    ------
+    DatasetError
+        The folder has no qrels, or lacks a split that was asked for.
+    InvalidArgumentError
+        Both a train split and folds were given, or folds < 2.
+    """
+    if not Path(path).is_dir():
+        raise DatasetError(f"no such folder: {path}")
+    splits = available_splits(path)
+    if not splits:
+        raise DatasetError(f"{path} has no qrels/<split>.tsv files: nothing to evaluate against")
+    if split is None:
+        split = "test" if "test" in splits else (splits[0] if len(splits) == 1 else "")
+        if not split:
+            raise DatasetError(f"{path} has no test split; choose one with --split from {splits}")
+    if split not in splits:
+        raise DatasetError(f"{path} has no qrels/{split}.tsv; available splits: {splits}")
+    if train_split is not None and folds is not None:
+        raise InvalidArgumentError("give either a train split or a number of folds, not both")
+    if folds is not None:
+        if folds < 2:
+            raise InvalidArgumentError(f"folds must be >= 2, got {folds}")
+        return Protocol(split, folds=folds, seed=seed)
+    if train_split is not None:
+        if train_split not in splits:
+            raise DatasetError(f"{path} has no qrels/{train_split}.tsv; available splits: {splits}")
+        if train_split == split:
+            raise InvalidArgumentError(f"the train split and the evaluated split are both {split!r}: "
+                                       "use --folds to cross-validate on one split")
+        return Protocol(split, train_split=train_split, seed=seed)
+    if "train" in splits and split != "train":
+        return Protocol(split, train_split="train", seed=seed)
+    return Protocol(split, folds=5, seed=seed)
+
+
+# ---------------------------------------------------------------- collection
+@dataclass
+class Collection:
+    """A BEIR folder with its documents and queries encoded (through the on-disk cache)."""
+
+    name: str
+    ids: list[str]
+    texts: list[str]
+    skipped: list[str]
+    doc_vectors: np.ndarray
+    doc_counts: np.ndarray
+    queries: dict[str, str]
+    qrels: dict[str, dict[str, dict[str, int]]]  # split -> qrels
+    query_vectors: dict[str, np.ndarray] = field(default_factory=dict)
+    query_counts: dict[str, int] = field(default_factory=dict)
+    skipped_queries: list[str] = field(default_factory=list)
+
+
+def load_collection(path: str | os.PathLike[str], splits: Sequence[str], encoder: RawEncoder | None = None,
+                    *, show_progress: bool | None = None) -> Collection:
+    """Load ``splits`` of a BEIR folder and encode its documents and judged queries.
+
+    Empty documents are skipped (they stay in the qrels and count as missed); judged
+    queries with empty text are dropped from the evaluation and listed.
+    """
+    encoder = encoder or RawEncoder()
+    ds = load_beir(path, splits[0])
+    qrels = {splits[0]: ds.qrels}
+    for s in splits[1:]:
+        qrels[s] = load_qrels(Path(path) / "qrels" / f"{s}.tsv", ds.corpus, ds.queries)
+    ids, texts, skipped = ds.doc_items()
+    if not ids:
+        raise EmptyCorpusError(f"{path}: every document is empty")
+    if skipped:
+        logger.info("%s: skipped %d empty documents (they stay in the qrels as unretrievable)", ds.name, len(skipped))
+    vecs, counts = encode_cached(encoder, texts, show_progress=show_progress)
+    coll = Collection(ds.name, ids, texts, skipped, vecs, counts, ds.queries, qrels)
+    judged = sorted({q for qr in qrels.values() for q in has_relevant(qr)})
+    coll.skipped_queries = [q for q in judged if not ds.queries[q].strip()]
+    wanted = [q for q in judged if ds.queries[q].strip()]
+    if wanted:
+        qv, qc = encode_cached(encoder, [ds.queries[q] for q in wanted], show_progress=False)
+        coll.query_vectors = dict(zip(wanted, qv))
+        coll.query_counts = {q: int(c) for q, c in zip(wanted, qc)}
+    return coll
+
+
+def read_qrels(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
+    """A qrels TSV (``query-id  corpus-id  score``, header optional; TREC's 4 columns also work).
+
+    Raises
+    ------
+    DatasetError
+        The file is missing or a line is malformed (the line is named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"no qrels file {path}")
+    qrels: dict[str, dict[str, int]] = {}
+    with open(path, encoding="utf-8") as fh:
+        for no, line in enumerate(fh, 1):
+            row = line.split()
+            if not row or (no == 1 and row[0].lower() in ("query-id", "query_id", "qid")):
+                continue
+            if len(row) == 4:  # TREC: qid iter docid rel
+                row = [row[0], row[2], row[3]]
+            if len(row) != 3:
+                raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {len(row)} fields")
+            try:
+                score = int(float(row[2]))
+            except ValueError:
+                raise DatasetError(f"{path}:{no}: score {row[2]!r} is not a number") from None
+            qrels.setdefault(row[0], {})[row[1]] = score
+    if not qrels:
+        raise DatasetError(f"{path} holds no judgments")
+    return qrels
+
+
+# ---------------------------------------------------------------- runs
+def _ranked(doc_ids: Sequence[str], k: int) -> dict[str, float]:
+    """A run entry whose scores reproduce our order exactly (trec_eval re-sorts by score, ties by id)."""
+    return {d: float(k - r) for r, d in enumerate(doc_ids)}
+
+
+def exact_topk(queries: np.ndarray, docs: np.ndarray, k: int, keep: np.ndarray | None = None,
+               chunk: int = 64) -> np.ndarray:
+    """Indices of the top-``k`` rows of ``docs`` by inner product, ties to the lower index."""
+    k = min(k, docs.shape[0] if keep is None else int(keep.sum()))
+    out = np.empty((queries.shape[0], k), dtype=np.int64)
+    for s in range(0, queries.shape[0], chunk):
+        sims = queries[s:s + chunk] @ docs.T
+        if keep is not None:
+            sims[:, ~keep] = -np.inf
+        part = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        for i, row in enumerate(part):
+            vals = sims[i, row]
+            out[s + i] = row[np.lexsort((row, -vals))]
+    return out
+
+
+class Evaluator:
+    """Every run of one collection over one set of evaluated queries."""
+
+    def __init__(self, coll: Collection, encoder: RawEncoder | None = None) -> None:
+        self.coll = coll
+        self.index = NormIndex(encoder)
+        self.index.add_vectors(coll.doc_vectors, coll.doc_counts, ids=coll.ids)
+        norms = np.linalg.norm(coll.doc_vectors.astype(np.float64), axis=1)
+        self._unit = (coll.doc_vectors / norms[:, None]).astype(np.float32)
+        self._bm25: Any = None
+
+    # ---- query helpers
+    def _qmat(self, qids: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        return (np.stack([self.coll.query_vectors[q] for q in qids]).astype(np.float32),
+                [self.coll.query_counts[q] for q in qids])
+
+    def _unit_queries(self, qids: Sequence[str]) -> np.ndarray:
+        q, _ = self._qmat(qids)
+        return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+    def _search(self, qids: Sequence[str], k: int = RUN_DEPTH) -> Run:
+        if not qids:
+            return {}
+        vecs, counts = self._qmat(qids)
+        k = min(k, len(self.index))
+        hits = self.index.search_batch(list(vecs), k, query_token_counts=counts)
+        return {q: _ranked([h.id for h in hs], k) for q, hs in zip(qids, hits)}
+
+    # ---- baselines
+    def cosine(self, qids: Sequence[str]) -> Run:
+        """Plain cosine: the index with ``Weights()``, i.e. what any vector store returns."""
+        self.index.set_weights(Weights())
+        return self._search(qids)
+
+    def rawdot(self, qids: Sequence[str]) -> Run:
+        """``q_hat . d_raw``: the naive way to let the norm in (long, generic texts win)."""
+        top = exact_topk(self._unit_queries(qids), self.coll.doc_vectors, RUN_DEPTH)
+        return {q: _ranked([self.coll.ids[j] for j in row], top.shape[1]) for q, row in zip(qids, top)}
+
+    def bm25(self, qids: Sequence[str]) -> Run:
+        """BM25 from bm25s with its defaults (English stopwords, no stemmer)."""
+        try:
+            import bm25s
+        except ImportError as exc:
+            raise ImportError("the BM25 baseline needs bm25s: pip install 'normrank[bench]'") from exc
+        if self._bm25 is None:
+            tokens = bm25s.tokenize(self.coll.texts, show_progress=False)
+            self._bm25 = bm25s.BM25()
+            self._bm25.index(tokens, show_progress=False)
+        qtok = bm25s.tokenize([self.coll.queries[q] for q in qids], show_progress=False, return_ids=False)
+        k = min(RUN_DEPTH, len(self.coll.ids))
+        docs, scores = self._bm25.retrieve(qtok, k=k, show_progress=False, n_threads=1)
+        run: Run = {}
+        for q, row, srow in zip(qids, docs, scores):
+            run[q] = _ranked([self.coll.ids[int(j)] for j, s in zip(row, srow) if s > 0], k)
+        return run
+
+    # ---- fitted normrank
+    def _fit(self, train: Sequence[str], qrels: Qrels, fit_kwargs: Mapping[str, Any],
+             forced: bool) -> tuple[Weights, dict[str, Any]]:
+        kwargs = dict(fit_kwargs)
+        depth = int(kwargs.pop("depth", FIT_DEPTH))
+        vecs, counts = self._qmat(train)
+        norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+        # Query calibration sees the training queries only, like the weights.
+        self.index.calibrate_queries(norms=norms, token_counts=np.asarray(counts))
+        cands = self.index.cosine_candidates(list(vecs), depth, query_token_counts=counts)
+        report = fit_candidates(cands, list(train), {q: qrels[q] for q in train}, **kwargs)
+        info = report.to_dict()
+        info["weights"] = report.weights.to_dict()
+        weights = Weights(**report.best_candidate) if forced else report.weights
+        info["applied"] = weights.to_dict()
+        return weights, info
+
+    def normrank(self, protocol: Protocol, eval_qids: Sequence[str], fit_kwargs: Mapping[str, Any] | None = None,
+                 *, forced: bool = False) -> tuple[Run, dict[str, Any]]:
+        """The fitted blend on the evaluated queries; ``forced`` applies the best training blend
+        even where the never-harm test rejected it (to show what the blend would have done)."""
+        fit_kwargs = dict(fit_kwargs or {})
+        run: Run = {}
+        if protocol.train_split:
+            tq = self.coll.qrels[protocol.train_split]
+            held = set(eval_qids)
+            train = [q for q in has_relevant(tq) if q in self.coll.query_vectors and q not in held]
+            if len(train) < 2:
+                raise EmptyCorpusError(f"split {protocol.train_split!r} has {len(train)} usable training queries")
+            weights, info = self._fit(train, tq, fit_kwargs, forced)
+            self.index.set_weights(weights)
+            run = self._search(eval_qids)
+            fit = {"protocol": protocol.name, "train_split": protocol.train_split, "n_train_queries": len(train),
+                   **info}
+        else:
+            eq = self.coll.qrels[protocol.split]
+            folds = int(protocol.folds or 5)
+            if len(eval_qids) < folds:
+                raise InvalidArgumentError(f"{len(eval_qids)} judged queries cannot be split into {folds} folds")
+            order = np.random.default_rng(protocol.seed).permutation(len(eval_qids))
+            per_fold = []
+            for f in range(folds):
+                held_idx = set(order[f::folds].tolist())
+                held = [q for i, q in enumerate(eval_qids) if i in held_idx]
+                train = [q for i, q in enumerate(eval_qids) if i not in held_idx]
+                weights, info = self._fit(train, eq, fit_kwargs, forced)
+                self.index.set_weights(weights)
+                run.update(self._search(held))
+                per_fold.append({"fold": f, "n_train_queries": len(train), "n_eval_queries": len(held), **info})
+            fit = {"protocol": protocol.name, "folds": per_fold,
+                   "accepted_folds": sum(1 for x in per_fold if x["accepted"])}
+        self.index.set_weights(Weights())
+        return run, fit
+
+    # ---- pruning
+    def pruned_cosine(self, qids: Sequence[str], fraction: float) -> tuple[Run, int]:
+        """Cosine after dropping the ``fraction`` of documents with the lowest calibrated feature."""
+        recs = self.index.get(self.coll.ids)
+        g = self.index.calibrator.transform(np.array([r.norm for r in recs]),
+                                            np.array([r.token_count for r in recs]), "calibrated")
+        n_drop = int(round(fraction * len(g)))
+        keep = np.ones(len(g), dtype=bool)
+        if n_drop:
+            keep[np.argsort(g, kind="stable")[:n_drop]] = False
+        top = exact_topk(self._unit_queries(qids), self._unit, RUN_DEPTH, keep)
+        return {q: _ranked([self.coll.ids[j] for j in row], top.shape[1]) for q, row in zip(qids, top)}, n_drop
+
+
+# ---------------------------------------------------------------- metrics
+def scores(qrels: Qrels, run: Run, qids: Sequence[str]) -> dict[str, dict[str, float]]:
+    """``{metric: {qid: value}}`` over the evaluated queries (missing from the run = 0)."""
+    sub = {q: qrels[q] for q in qids}
+    full = {q: run.get(q, {}) for q in qids}
+    return {m: per_query(sub, full, m) for m in METRICS}
+
+
+def paired(a: Mapping[str, float], b: Mapping[str, float], tol: float = 1e-9) -> dict[str, Any]:
+    """Two-sided paired t-test of ``a`` against ``b`` over queries, with the up/down counts."""
+    qids = sorted(b)
+    x = np.array([a[q] for q in qids])
+    y = np.array([b[q] for q in qids])
+    d = x - y
+    if len(qids) < 2 or np.allclose(d, 0.0, atol=tol):
+        p = 1.0
+    else:
+        p = float(stats.ttest_rel(x, y).pvalue)
+        p = 1.0 if not np.isfinite(p) else p
+    return {"delta": float(d.mean()) if len(d) else 0.0, "p": p, "improved": int((d > tol).sum()),
+            "worsened": int((d < -tol).sum()), "unchanged": int((np.abs(d) <= tol).sum())}
+
+
+def eval_qids(coll: Collection, split: str) -> list[str]:
+    """Judged queries of ``split`` that have text, in file order."""
+    return [q for q in has_relevant(coll.qrels[split]) if q in coll.query_vectors]
+
+
+# ---------------------------------------------------------------- the `normrank eval` result
+def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_split: str | None = None,
+             folds: int | None = None, seed: int = 0, encoder: RawEncoder | None = None,
+             fit_kwargs: Mapping[str, Any] | None = None, show_progress: bool | None = None) -> dict[str, Any]:
+    """Evaluate cosine, BM25, raw dot and fitted normrank on a BEIR folder; returns the ``--json`` object.
+
+    Raises
+    ------
+    DatasetError
+        The folder is not a BEIR folder or lacks the asked split.
+    EmptyCorpusError
+        Every document is empty, or there are too few judged queries to fit.
+    """
+    protocol = choose_protocol(path, split, train_split, folds, seed)
+    splits = [protocol.split] + ([protocol.train_split] if protocol.train_split else [])
+    coll = load_collection(path, splits, encoder, show_progress=show_progress)
+    qrels = coll.qrels[protocol.split]
+    for s in splits:
+        check_qrels(coll.qrels[s], coll.queries, set(coll.ids), missing_ok=coll.skipped)
+    qids = eval_qids(coll, protocol.split)
+    if not qids:
+        raise EmptyCorpusError(f"split {protocol.split!r} has no judged query with a relevant document")
+    ev = Evaluator(coll, encoder)
+    runs = {"cosine": ev.cosine(qids), "bm25": ev.bm25(qids), "rawdot": ev.rawdot(qids)}
+    runs["normrank"], fit = ev.normrank(protocol, qids, fit_kwargs)
+    per = {name: scores(qrels, run, qids) for name, run in runs.items()}
+    out: dict[str, Any] = {
+        "dataset": coll.name,
+        "n_queries": len(qids),
+        "split": protocol.split,
+        "protocol": protocol.name,
+        "n_docs": len(coll.ids),
+        "skipped_empty_docs": len(coll.skipped),
+        "skipped_empty_queries": len(coll.skipped_queries),
+        "model": ev.index.encoder.model_name,
+        "runs": {name: {m: float(np.mean(list(v[m].values()))) for m in METRICS} for name, v in per.items()},
+        "fit": fit,
+        "significance": {},
+    }
+    for name in ("normrank", "bm25", "rawdot"):
+        sig: dict[str, Any] = {}
+        for m in METRICS:
+            t = paired(per[name][m], per["cosine"][m])
+            sig[f"p_{m}"] = t["p"]
+            sig[f"delta_{m}"] = t["delta"]
+            if m == "ndcg@10":
+                sig.update(improved=t["improved"], worsened=t["worsened"], unchanged=t["unchanged"])
+        out["significance"][f"{name}_vs_cosine"] = sig
+    return out
+
+
+def format_report(result: Mapping[str, Any]) -> str:
+    """The human-readable table ``normrank eval`` prints without ``--json``."""
+    lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
+             f"{result['n_docs']} documents"
+             + (f", {result['skipped_empty_docs']} empty documents skipped" if result["skipped_empty_docs"] else ""),
+             "",
+             f"  {'run':<10} {'nDCG@10':>8} {'R@100':>8} {'p(nDCG) vs cos':>15} {'up/down':>9}"]
+    for name, m in result["runs"].items():
+        sig = result["significance"].get(f"{name}_vs_cosine")
+        extra = f"{sig['p_ndcg@10']:>15.3g} {sig['improved']:>4}/{sig['worsened']:<4}" if sig else f"{'':>15} {'':>9}"
+        lines.append(f"  {name:<10} {m['ndcg@10']:>8.4f} {m['recall@100']:>8.4f} {extra}")
+    fit = result["fit"]
+    lines.append("")
+    if "folds" in fit:
+        lines.append(f"fit: {fit['accepted_folds']}/{len(fit['folds'])} folds accepted a norm blend")
+        for f in fit["folds"]:
+            lines.append(f"  fold {f['fold']}: {_weights_str(f['applied'])}: {f['reason']}")
+    else:
+        lines.append(f"fit on {fit['n_train_queries']} {fit['train_split']} queries: "
+                     f"{_weights_str(fit['applied'])}: {fit['reason']}")
+    nr = result["significance"]["normrank_vs_cosine"]
+    verdict = ("normrank is significantly better than cosine" if nr["p_ndcg@10"] < 0.05 and nr["delta_ndcg@10"] > 0
+               else "normrank is significantly WORSE than cosine" if nr["p_ndcg@10"] < 0.05
+               else "no significant difference between normrank and cosine")
+    lines.append(f"verdict: {verdict} (nDCG@10 {nr['delta_ndcg@10']:+.4f}, p={nr['p_ndcg@10']:.3g})")
+    return "\n".join(lines)
+
+
+def _weights_str(w: Mapping[str, Any]) -> str:
+    if w["a"] == 0.0 and w["b"] == 0.0:
+        return "plain cosine"
+    if w["mode"] == "tiebreak":
+        return f"tiebreak eps={w['epsilon']:g} sign={'+' if w['a'] > 0 else '-'} ({w['feature']})"
+    return f"{w['mode']} a={w['a']:+g} b={w['b']:+g} ({w['feature']})"
