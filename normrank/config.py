@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from normrank.errors import ConfigError
 
@@ -46,8 +46,14 @@ class ScoringConfig(_Section):
 
 
 class StoreConfig(_Section):
-    backend: Literal["faiss"] = "faiss"
+    backend: Literal["faiss", "pgvector"] = Field(
+        "faiss", description="'faiss': in-process index saved at store.path; 'pgvector': PostgreSQL table "
+        "store.table at store.dsn (pip install 'normrank[pgvector]').")
     index_type: Literal["flat", "hnsw", "ivf"] = "flat"
+    dsn: str | None = Field(None, description="pgvector: PostgreSQL connection string ($VARS expanded); "
+                            "null reads $NORMRANK_PG_DSN.")
+    table: str = Field("normrank_docs", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,53}$",
+                       description="pgvector: the documents' table; {table}_normrank holds the calibration.")
     path: str | None = Field(None, description="Folder of a saved index to load (or to save to).")
     pad_to: int = Field(8, ge=1)
     hnsw_m: int = Field(32, gt=0)
@@ -55,6 +61,12 @@ class StoreConfig(_Section):
     ef_search: int = Field(128, gt=0)
     nlist: int = Field(256, gt=0)
     nprobe: int = Field(16, gt=0)
+
+    @model_validator(mode="after")
+    def _pgvector_index_types(self) -> StoreConfig:
+        if self.backend == "pgvector" and self.index_type == "ivf":
+            raise ValueError("index_type 'ivf' is FAISS-only; the pgvector backend takes 'flat' or 'hnsw'")
+        return self
 
 
 class FitConfig(_Section):
@@ -66,18 +78,31 @@ class FitConfig(_Section):
     modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"])
 
 
+Calibration = Literal["auto", "index", "candidates"]
+_CALIBRATION_HELP = (
+    "Document calibration of the re-rankers: 'index' takes it (and the query calibration) from the saved "
+    "index at store.path, 'candidates' fits it on the candidates of each query, 'auto' uses the index when "
+    "store.path holds one and the candidates otherwise."
+)
+
+
 class LangChainConfig(_Section):
-    k: int = Field(4, gt=0)
+    k: int = Field(4, gt=0, description="Documents returned per query (invoke(q, k=...) overrides it).")
+    filter: dict[str, Any] | None = Field(None, description="Metadata filter: key -> value or list of values.")
 
 
 class LlamaIndexConfig(_Section):
-    top_n: int = Field(5, gt=0)
-    keep_retrieval_score: bool = True
-    similarity_top_k: int = Field(10, gt=0)
+    top_n: int = Field(5, gt=0, description="Nodes the postprocessor keeps.")
+    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in metadata['retrieval_score'].")
+    similarity_top_k: int = Field(10, gt=0, description="Nodes the first-stage NormRankRetriever returns.")
+    calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
+    cache_size: int = Field(10_000, ge=0, description="Node vectors kept in memory (by node id + content hash).")
 
 
 class HaystackConfig(_Section):
-    top_k: int = Field(10, gt=0)
+    top_k: int = Field(10, gt=0, description="Documents the ranker returns.")
+    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in meta['retrieval_score'].")
+    calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
 
 
 class NormRankConfig(_Section):
@@ -163,6 +188,18 @@ def build_index(source: Any = None) -> Any:
     config = load_config(source)
     encoder = build_encoder(config)
     s = config.store
+    if s.backend == "pgvector":  # the table keeps its state; only settings the file names override it
+        from normrank.pgvector_store import PgVectorNormIndex
+
+        given = s.model_fields_set
+        return PgVectorNormIndex(
+            os.path.expandvars(s.dsn) if s.dsn else None, s.table, encoder,
+            weights=build_weights(config) if config.scoring != ScoringConfig() else None,
+            index_type=s.index_type if "index_type" in given else None, hnsw_m=s.hnsw_m,
+            ef_construction=s.ef_construction, ef_search=s.ef_search if "ef_search" in given else None,
+            calibrator=None if config.calibration == CalibrationConfig() else
+            NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
+        )
     if s.path and Path(s.path).exists():
         index = NormIndex.load(s.path, encoder=encoder)
         if config.scoring != ScoringConfig():
