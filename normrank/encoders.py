@@ -9,11 +9,12 @@ stock model's output and whose length is the signal normrank ranks with.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,8 @@ class RawEncoder:
         from sentence_transformers import SentenceTransformer
 
         try:
-            stock = SentenceTransformer(self.model_name, device=self.device, local_files_only=True)
+            with _quiet_weight_loading():
+                stock = SentenceTransformer(self.model_name, device=self.device, local_files_only=True)
         except Exception as exc:
             raise ModelLoadError(
                 f"could not load embedding model {self.model_name!r}: {exc}. Give a local "
@@ -203,6 +205,23 @@ class RawEncoder:
 
     def __repr__(self) -> str:
         return f"RawEncoder(model={self.model_name!r}, batch_size={self.batch_size}, device={self.device!r})"
+
+
+@contextlib.contextmanager
+def _quiet_weight_loading() -> Iterator[None]:
+    """Hide transformers' per-load "Loading weights" bar (restoring the caller's setting after)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _strip_normalize(model: Any) -> Any:

@@ -86,6 +86,16 @@ class CandidateSet:
     doc_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq, depth)
     query_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq,)
 
+    def subset(self, rows: Sequence[int] | np.ndarray) -> CandidateSet:
+        """The candidates of some queries only (e.g. one cross-validation fold)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return CandidateSet(
+            doc_ids=[self.doc_ids[i] for i in rows.tolist()],
+            cosine=self.cosine[rows],
+            doc_features={f: v[rows] for f, v in self.doc_features.items()},
+            query_features={f: v[rows] for f, v in self.query_features.items()},
+        )
+
 
 def _check_ids(ids: Sequence[Any]) -> list[str]:
     out = list(ids)

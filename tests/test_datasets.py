@@ -1,0 +1,67 @@
+"""The BEIR loader reads any BEIR folder and names what is wrong with a broken one."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from normrank import DatasetError, load_beir
+
+
+def _write_beir(root: Path, *, gz: bool = False, qrels: str = "query-id\tcorpus-id\tscore\nq1\td1\t1\n") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    rows = "\n".join(json.dumps({"_id": f"d{i}", "title": f"T{i}", "text": f"text {i}"}) for i in range(3))
+    if gz:
+        with gzip.open(root / "corpus.jsonl.gz", "wt") as fh:
+            fh.write(rows)
+    else:
+        (root / "corpus.jsonl").write_text(rows)
+    (root / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "a question"}) + "\n")
+    (root / "qrels").mkdir(exist_ok=True)
+    (root / "qrels" / "test.tsv").write_text(qrels)
+    return root
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_loads_a_user_beir_folder(tmp_path, gz):
+    ds = load_beir(_write_beir(tmp_path / "mine", gz=gz))
+    assert ds.name == "mine" and len(ds.corpus) == 3 and ds.queries == {"q1": "a question"}
+    assert ds.qrels == {"q1": {"d1": 1}} and ds.corpus["d2"].full_text == "T2\ntext 2"
+
+
+def test_missing_files_and_splits_are_named(tmp_path):
+    with pytest.raises(DatasetError, match="no such folder"):
+        load_beir(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="no corpus.jsonl or corpus.jsonl.gz"):
+        load_beir(tmp_path / "empty")
+    root = _write_beir(tmp_path / "b")
+    with pytest.raises(DatasetError, match=r"no qrels/train.tsv; available splits: \['test'\]"):
+        load_beir(root, "train")
+
+
+def test_dangling_qrels_ids_are_named(tmp_path):
+    root = _write_beir(tmp_path / "c", qrels="query-id\tcorpus-id\tscore\nq1\td9\t1\nq7\td1\t1\n")
+    with pytest.raises(DatasetError, match=r"1 queries \(e.g. \['q7'\]\), 1 documents \(e.g. \['d9'\]\)"):
+        load_beir(root)
+
+
+def test_bad_json_names_the_line(tmp_path):
+    root = _write_beir(tmp_path / "d")
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "ok"}\n{broken\n')
+    with pytest.raises(DatasetError, match="queries.jsonl:2 is not valid JSON"):
+        load_beir(root)
+
+
+@pytest.mark.data
+def test_shared_collections_load(data_dir):
+    sizes = {"scifact": (5183, 300), "cranfield": (1400, 225), "cisi": (1460, 76)}
+    for name, (docs, judged) in sizes.items():
+        ds = load_beir(data_dir / name)
+        assert len(ds.corpus) == docs and len(ds.qrels) == judged
+    assert len(load_beir(data_dir / "scifact", "train").qrels) == 809
+    ids, texts, skipped = load_beir(data_dir / "cranfield").doc_items()
+    assert skipped == ["471", "995"] and len(ids) == len(texts) == 1398

@@ -1,0 +1,180 @@
+"""NormIndex: the exact blended top-k, filters, deletes, persistence, on real FAISS."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from normrank import NormIndex, UnitNormError, Weights
+from normrank.errors import DimensionMismatchError, InvalidVectorError
+from normrank.scoring import blend
+
+from .conftest import synthetic
+
+
+def brute_force(index: NormIndex, vecs: np.ndarray, counts: np.ndarray, ids: list[str], q_raw: np.ndarray,
+                q_count: int, k: int) -> tuple[list[str], np.ndarray]:
+    """The blend computed directly from raw vectors, no FAISS involved."""
+    w = index.weights
+    norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+    unit = vecs / norms[:, None]
+    qn = float(np.linalg.norm(q_raw))
+    cos = unit @ (q_raw / qn)
+    g = w.shape(index.calibrator.transform(norms, counts, w.feature))
+    qcal = index.query_calibrator or index.calibrator
+    wq = w.query_weight(qcal.transform(np.array([qn]), np.array([q_count]), w.feature))[0]
+    scores = blend(cos, g, wq, w)
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [ids[i] for i in order], scores[order]
+
+
+def assert_same_ranking(hits, expected_ids, expected_scores, atol=1e-5):
+    got = np.array([h.score for h in hits])
+    np.testing.assert_allclose(got, expected_scores, atol=atol)
+    # Ids must agree except where scores tie within tolerance.
+    for h, eid, es in zip(hits, expected_ids, expected_scores):
+        if h.id != eid:
+            assert abs(h.score - es) < atol
+
+
+@pytest.mark.parametrize("mode", ["additive", "tiebreak", "multiplicative"])
+def test_blended_search_equals_brute_force_on_real_vectors(demo_encoded, encoder, mode):
+    vecs, counts = demo_encoded
+    ids = [f"d{i}" for i in range(len(vecs))]
+    index = NormIndex(encoder, weights=Weights(a=0.05, b=-0.03, mode=mode, epsilon=0.05))
+    index.add_vectors(vecs, counts, ids=ids)
+    queries = ["How long do stars live?", "vaccines", "what is the exact value of the speed of light in vacuum"]
+    index.calibrate_queries(queries)
+    q_raw, q_counts = encoder.encode_with_counts(queries)
+    for qi, q in enumerate(queries):
+        for k in (1, 5, 20):
+            hits = index.search(q, k)
+            exp_ids, exp_scores = brute_force(index, vecs, counts, ids, q_raw[qi], q_counts[qi], k)
+            assert len(hits) == k
+            assert_same_ranking(hits, exp_ids, exp_scores)
+            for h in hits:  # the explanation adds up
+                assert h.score == pytest.approx(float(blend(h.cosine, h.norm_feature, h.weight, index.weights)),
+                                                abs=1e-5)
+
+
+def test_random_weights_match_brute_force_on_synthetic_vectors():
+    rng = np.random.default_rng(3)
+    vecs, counts = synthetic(3000, dim=48, seed=3)
+    ids = [f"s{i}" for i in range(len(vecs))]
+    index = NormIndex(dim=48)
+    index.add_vectors(vecs, counts, ids=ids)
+    qv, qc = synthetic(40, dim=48, seed=4)
+    index.calibrate_queries(norms=np.linalg.norm(qv, axis=1), token_counts=qc)
+    for trial in range(12):
+        w = Weights(a=float(rng.normal(0, 0.1)), b=float(rng.normal(0, 0.1)),
+                    feature=["calibrated", "raw"][trial % 2], clip=[3.0, None, 1.5][trial % 3])
+        index.set_weights(w)
+        k = int(rng.integers(1, 50))
+        hits = index.search(qv[trial], k, query_token_count=int(qc[trial]))
+        exp_ids, exp_scores = brute_force(index, vecs, counts, ids, qv[trial], int(qc[trial]), k)
+        assert [h.id for h in hits][:3] == exp_ids[:3] or np.allclose([h.score for h in hits][:3], exp_scores[:3])
+        assert_same_ranking(hits, exp_ids, exp_scores)
+
+
+def test_cosine_weights_rank_exactly_like_a_plain_cosine_index(demo_encoded, encoder):
+    import faiss
+
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts, ids=[str(i) for i in range(len(vecs))])
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    plain = faiss.IndexFlatIP(unit.shape[1])
+    plain.add(unit)
+    q = encoder.encode(["rivers and mountains"])
+    d, i = plain.search(q / np.linalg.norm(q), 10)
+    hits = index.search("rivers and mountains", 10)
+    assert [h.id for h in hits] == [str(x) for x in i[0]]
+    np.testing.assert_allclose([h.cosine for h in hits], d[0], atol=1e-5)
+
+
+def test_the_norm_term_reorders_documents(demo_encoded, encoder):
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts, ids=[str(i) for i in range(len(vecs))])
+    before = [h.id for h in index.search("How high is the tallest mountain?", 5)]
+    index.set_weights(Weights(a=-0.2))
+    after = index.search("How high is the tallest mountain?", 5)
+    assert [h.id for h in after] != before
+    assert all(h.weight == pytest.approx(-0.2) for h in after)
+
+
+def test_filter_returns_k_results_when_k_match(demo_encoded, encoder):
+    vecs, counts = demo_encoded
+    metas = [{"topic": "even" if i % 2 == 0 else "odd", "i": i} for i in range(len(vecs))]
+    for index_type in ("flat", "hnsw"):
+        index = NormIndex(encoder, weights=Weights(a=0.02), index_type=index_type)
+        index.add_vectors(vecs, counts, ids=[str(i) for i in range(len(vecs))], metadatas=metas)
+        hits = index.search("stars and planets", 10, filter={"topic": "odd"})
+        assert len(hits) == 10 and all(h.metadata["topic"] == "odd" for h in hits)
+        few = index.search("stars", 10, filter=lambda m: m["i"] < 3)
+        assert sorted(h.id for h in few) == ["0", "1", "2"]
+        assert index.search("stars", 5, filter={"topic": "none"}) == []
+
+
+def test_delete_get_and_ids(demo_encoded, encoder):
+    vecs, counts = demo_encoded
+    for index_type in ("flat", "hnsw", "ivf"):
+        index = NormIndex(encoder, index_type=index_type, nlist=4)
+        ids = index.add_vectors(vecs, counts, ids=[f"x{i}" for i in range(len(vecs))], texts=["t"] * len(vecs))
+        top = index.search("vaccines", 1)[0].id
+        assert index.delete([top]) == 1
+        assert top not in index and len(index) == len(vecs) - 1
+        assert all(h.id != top for h in index.search("vaccines", len(index)))
+        rec = index.get([ids[1]])[0]
+        assert rec.id == ids[1] and rec.token_count == counts[1]
+        assert rec.norm == pytest.approx(float(np.linalg.norm(vecs[1])), rel=1e-6)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+def test_save_load_round_trip_gives_identical_results(tmp_path, demo_encoded, encoder, index_type):
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder, weights=Weights(a=0.03, b=0.01), index_type=index_type, nlist=4)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(len(vecs))],
+                      texts=[f"text {i}" for i in range(len(vecs))], metadatas=[{"i": i} for i in range(len(vecs))])
+    index.calibrate_queries(["stars", "vaccines", "coffee brewing temperature"])
+    index.delete(["d3"])
+    index.save(tmp_path / "idx")
+    back = NormIndex.load(tmp_path / "idx", encoder=encoder)
+    assert back.ids() == index.ids() and back.weights == index.weights
+    for q in ("stars", "how is espresso brewed", "battle in 1066"):
+        assert back.search(q, 10) == index.search(q, 10)
+    assert not list((tmp_path / "idx").glob("**/*.pkl"))
+
+
+def test_unit_norm_vectors_are_refused_with_the_way_out(demo_encoded, encoder):
+    vecs, counts = demo_encoded
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    index = NormIndex(encoder)
+    with pytest.raises(UnitNormError, match="already unit length.*RawEncoder"):
+        index.add_vectors(unit, counts)
+    assert len(index) == 0
+    index.add_vectors(vecs, counts)
+    with pytest.raises(UnitNormError):
+        index.add_vectors(unit[:5], counts[:5])
+    assert len(index) == len(vecs)
+
+
+def test_bad_vectors_are_named(demo_encoded, encoder):
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts)
+    bad = vecs[:3].copy()
+    bad[1, 0] = np.nan
+    with pytest.raises(InvalidVectorError, match="NaN or infinity"):
+        index.add_vectors(bad, counts[:3])
+    with pytest.raises(DimensionMismatchError, match="got vectors of dimension 10, expected 384"):
+        index.add_vectors(np.ones((2, 10)), [3, 4])
+    assert len(index) == len(vecs)
+
+
+def test_from_texts_end_to_end_with_the_real_model(encoder):
+    texts = ["Mount Everest is 8,849 metres high.", "Mountains are high.", "Coffee is brewed with hot water."]
+    index = NormIndex.from_texts(texts, ids=["everest", "mountains", "coffee"], encoder=encoder)
+    hits = index.search("how tall is Everest", 2)
+    assert hits[0].id == "everest" and hits[0].text == texts[0]
+    assert hits[0].norm > 1.5 and set(hits[0].explain()) == {"cosine", "norm", "norm_feature", "weight", "score"}
