@@ -260,8 +260,7 @@ class Evaluator:
         return run
 
     # ---- fitted normrank
-    def _fit(self, train: Sequence[str], qrels: Qrels, fit_kwargs: Mapping[str, Any],
-             forced: bool) -> tuple[Weights, dict[str, Any]]:
+    def _fit(self, train: Sequence[str], qrels: Qrels, fit_kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
         kwargs = dict(fit_kwargs)
         depth = int(kwargs.pop("depth", FIT_DEPTH))
         vecs, counts = self._qmat(train)
@@ -272,46 +271,61 @@ class Evaluator:
         report = fit_candidates(cands, list(train), {q: qrels[q] for q in train}, **kwargs)
         info = report.to_dict()
         info["weights"] = report.weights.to_dict()
-        weights = Weights(**report.best_candidate) if forced else report.weights
-        info["applied"] = weights.to_dict()
-        return weights, info
+        return report, info
 
     def normrank(self, protocol: Protocol, eval_qids: Sequence[str], fit_kwargs: Mapping[str, Any] | None = None,
                  *, forced: bool = False) -> tuple[Run, dict[str, Any]]:
-        """The fitted blend on the evaluated queries; ``forced`` applies the best training blend
-        even where the never-harm test rejected it (to show what the blend would have done)."""
+        """The fitted blend on the evaluated queries, searched exactly under the fitted weights.
+
+        ``forced`` applies the best training blend even where the never-harm test rejected it,
+        to show what the blend would have done.
+        """
+        runs, fit = self.normrank_variants(protocol, eval_qids, fit_kwargs, ("forced",) if forced else ("fitted",))
+        return runs["forced" if forced else "fitted"], fit
+
+    def normrank_variants(self, protocol: Protocol, eval_qids: Sequence[str],
+                          fit_kwargs: Mapping[str, Any] | None = None,
+                          variants: Sequence[str] = ("fitted", "forced")) -> tuple[dict[str, Run], dict[str, Any]]:
+        """One fit per fold (or one on the train split), searched as ``"fitted"`` (what the fit chose,
+        usually plain cosine) and/or ``"forced"`` (the best blend on the training queries)."""
         fit_kwargs = dict(fit_kwargs or {})
-        run: Run = {}
+        runs: dict[str, Run] = {v: {} for v in variants}
         if protocol.train_split:
             tq = self.coll.qrels[protocol.train_split]
             held = set(eval_qids)
             train = [q for q in has_relevant(tq) if q in self.coll.query_vectors and q not in held]
             if len(train) < 2:
                 raise EmptyCorpusError(f"split {protocol.train_split!r} has {len(train)} usable training queries")
-            weights, info = self._fit(train, tq, fit_kwargs, forced)
-            self.index.set_weights(weights)
-            run = self._search(eval_qids)
-            fit = {"protocol": protocol.name, "train_split": protocol.train_split, "n_train_queries": len(train),
-                   **info}
+            splits = [(list(eval_qids), train)]
+            qrels = tq
         else:
-            eq = self.coll.qrels[protocol.split]
+            qrels = self.coll.qrels[protocol.split]
             folds = int(protocol.folds or 5)
             if len(eval_qids) < folds:
                 raise InvalidArgumentError(f"{len(eval_qids)} judged queries cannot be split into {folds} folds")
             order = np.random.default_rng(protocol.seed).permutation(len(eval_qids))
-            per_fold = []
+            splits = []
             for f in range(folds):
                 held_idx = set(order[f::folds].tolist())
-                held = [q for i, q in enumerate(eval_qids) if i in held_idx]
-                train = [q for i, q in enumerate(eval_qids) if i not in held_idx]
-                weights, info = self._fit(train, eq, fit_kwargs, forced)
+                splits.append(([q for i, q in enumerate(eval_qids) if i in held_idx],
+                               [q for i, q in enumerate(eval_qids) if i not in held_idx]))
+        infos = []
+        for held, train in splits:
+            report, info = self._fit(train, qrels, fit_kwargs)
+            for v in variants:
+                weights = Weights(**report.best_candidate) if v == "forced" else report.weights
+                info[f"applied_{v}"] = weights.to_dict()
                 self.index.set_weights(weights)
-                run.update(self._search(held))
-                per_fold.append({"fold": f, "n_train_queries": len(train), "n_eval_queries": len(held), **info})
-            fit = {"protocol": protocol.name, "folds": per_fold,
-                   "accepted_folds": sum(1 for x in per_fold if x["accepted"])}
+                runs[v].update(self._search(held))
+            info["applied"] = info[f"applied_{variants[0]}"]
+            infos.append({"n_train_queries": len(train), "n_eval_queries": len(held), **info})
         self.index.set_weights(Weights())
-        return run, fit
+        if protocol.train_split:
+            fit = {"protocol": protocol.name, "train_split": protocol.train_split, **infos[0]}
+        else:
+            fit = {"protocol": protocol.name, "folds": [{"fold": i, **x} for i, x in enumerate(infos)],
+                   "accepted_folds": sum(1 for x in infos if x["accepted"])}
+        return runs, fit
 
     # ---- pruning
     def pruned_cosine(self, qids: Sequence[str], fraction: float) -> tuple[Run, int]:
@@ -336,17 +350,19 @@ def scores(qrels: Qrels, run: Run, qids: Sequence[str]) -> dict[str, dict[str, f
 
 
 def paired(a: Mapping[str, float], b: Mapping[str, float], tol: float = 1e-9) -> dict[str, Any]:
-    """Two-sided paired t-test of ``a`` against ``b`` over queries, with the up/down counts."""
+    """Two-sided paired t-test of ``a`` against ``b`` over queries: mean difference, p, the half-width
+    of its 95% interval, and how many queries went up / down / stayed."""
     qids = sorted(b)
     x = np.array([a[q] for q in qids])
     y = np.array([b[q] for q in qids])
     d = x - y
     if len(qids) < 2 or np.allclose(d, 0.0, atol=tol):
-        p = 1.0
+        p, ci = 1.0, 0.0
     else:
         p = float(stats.ttest_rel(x, y).pvalue)
         p = 1.0 if not np.isfinite(p) else p
-    return {"delta": float(d.mean()) if len(d) else 0.0, "p": p, "improved": int((d > tol).sum()),
+        ci = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    return {"delta": float(d.mean()) if len(d) else 0.0, "p": p, "ci95": ci, "improved": int((d > tol).sum()),
             "worsened": int((d < -tol).sum()), "unchanged": int((np.abs(d) <= tol).sum())}
 
 
