@@ -103,6 +103,7 @@ class HaystackConfig(_Section):
     top_k: int = Field(10, gt=0, description="Documents the ranker returns.")
     keep_retrieval_score: bool = Field(True, description="Keep the incoming score in meta['retrieval_score'].")
     calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
+    cache_size: int = Field(10_000, ge=0, description="Document vectors kept in memory (by id + content hash).")
 
 
 class NormRankConfig(_Section):

@@ -142,7 +142,8 @@ class NormRankRanker:
         """
         config = load_config(source)
         section = config.haystack
-        options = {"top_k": section.top_k, "keep_retrieval_score": section.keep_retrieval_score}
+        options = {"top_k": section.top_k, "keep_retrieval_score": section.keep_retrieval_score,
+                   "cache_size": section.cache_size}
         if section.calibration != "candidates":
             path = config.store.path
             if path and Path(path).exists():

@@ -8,12 +8,13 @@ so nothing is lost the way ``VectorStoreRetriever`` loses its scores.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from pydantic import ConfigDict, Field
@@ -129,6 +130,21 @@ class NormRankRetriever(BaseRetriever):
         if k == 0:
             return []
         return [hit_to_document(h) for h in self.index.search(query, k, filter=flt)]
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filter: dict[str, Any] | None = None,
+    ) -> list[Document]:
+        """Async retrieval: the search (encoder + FAISS) runs in a worker thread, off the event loop."""
+        k, flt = self._search_args(k, filter)
+        if k == 0:
+            return []
+        hits = await asyncio.to_thread(self.index.search, query, k, filter=flt)
+        return [hit_to_document(h) for h in hits]
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:
         """Tracing parameters, like ``VectorStoreRetriever``'s."""
