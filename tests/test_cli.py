@@ -1,0 +1,247 @@
+"""The ``normrank`` command, called as ``main([...])`` with the real model, FAISS and files on disk."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from normrank.cli import main, read_source
+from normrank.errors import DatasetError
+from normrank.store import NormIndex
+from tests.conftest import synthetic
+
+COMMANDS = ("demo", "index", "search", "fit", "eval", "analyze")
+
+DOCS = [
+    ("mito", "Mitochondria", "Mitochondrial DNA encodes 13 proteins of the respiratory chain, 22 tRNAs and 2 rRNAs."),
+    ("cell", "Cells", "Cells are the basic units of life."),
+    ("vacc", "Vaccines", "Vaccines train the adaptive immune system to recognise a pathogen's antigens."),
+    ("star", "Massive stars", "A star of ten solar masses exhausts its core hydrogen in about twenty million years."),
+    ("sun", "The Sun", "The Sun is a star."),
+    ("rna", "RNA", "Messenger RNA carries the genetic code from DNA to the ribosome, where proteins are made."),
+    ("empty", "", "   "),
+]
+
+
+def _jsonl(path, rows, gz=False):
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    if gz:
+        with gzip.open(path, "wt", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src")
+    return _jsonl(d / "docs.jsonl.gz", [{"_id": i, "title": t, "text": x} for i, t, x in DOCS], gz=True)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, corpus_file, encoder):
+    out = tmp_path_factory.mktemp("idx") / "index"
+    assert main(["index", str(corpus_file), "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+# ------------------------------------------------------------------ help and usage
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(cmd, capsys):
+    assert main([cmd, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: normrank {cmd}")
+
+
+def test_usage_errors_are_one_line(capsys):
+    assert main(["eval", "x", "--folds", "3", "--train-split", "train"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not allowed with argument" in err and "\n" not in err
+    assert main(["search", "dir", "q", "-k", "0"]) == 2
+    assert "positive integer" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ index
+def test_index_skips_empty_documents_with_a_note(built, capsys, corpus_file, tmp_path):
+    index = NormIndex.load(built)
+    assert sorted(index.ids()) == sorted(d[0] for d in DOCS if d[2].strip())
+    rec = index.get(["mito"])[0]
+    assert rec.text.startswith("Mitochondria\n") and rec.metadata == {"title": "Mitochondria"}
+    assert main(["index", str(corpus_file), "--out", str(tmp_path / "again"), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "skipped 1 empty document(s)" in captured.err and "['empty']" in captured.err
+    assert "indexed 6 documents" in captured.out
+
+
+def test_read_source_handles_text_folders_and_beir(tmp_path):
+    folder = tmp_path / "notes"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.md").write_text("# A note\nabout stars", encoding="utf-8")
+    (folder / "sub" / "b.txt").write_text("a text about cells", encoding="utf-8")
+    (folder / "c.txt").write_text("  \n", encoding="utf-8")
+    (folder / "ignored.pdf").write_bytes(b"%PDF")
+    ids, texts, metas, skipped = read_source(folder)
+    assert ids == ["a.md", "sub/b.txt"] and skipped == ["c.txt"]
+    assert metas[1] == {"path": "sub/b.txt"} and texts[0].startswith("# A note")
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    _jsonl(beir / "corpus.jsonl", [{"_id": "d1", "title": "T", "text": "body", "metadata": {"year": 1}}])
+    ids, texts, metas, _ = read_source(beir)
+    assert (ids, texts, metas) == (["d1"], ["T\nbody"], [{"year": 1, "title": "T"}])
+
+
+def test_read_source_errors_name_the_problem(tmp_path):
+    with pytest.raises(DatasetError, match="no such file or folder"):
+        read_source(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DatasetError, match="no .txt or .md files"):
+        read_source(tmp_path / "empty")
+    bad = _jsonl(tmp_path / "bad.jsonl", [{"_id": "x", "body": "no text key"}])
+    with pytest.raises(DatasetError, match="row 1 .* no 'text' field"):
+        read_source(bad)
+    (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    d = tmp_path / "lat"
+    d.mkdir()
+    (d / "x.txt").write_bytes("caf\xe9".encode("latin-1"))
+    with pytest.raises(DatasetError, match="not UTF-8"):
+        read_source(d)
+
+
+def test_index_error_is_one_line_with_exit_1(tmp_path, capsys):
+    assert main(["index", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("normrank index: error: no such file or folder") and "\n" not in err
+    (tmp_path / "o2").mkdir()
+    (tmp_path / "o2" / "precious.txt").write_text("keep me")
+    src = _jsonl(tmp_path / "d.jsonl", [{"_id": "1", "text": "hello world"}, {"_id": "2", "text": "other text"}])
+    assert main(["index", str(src), "--out", str(tmp_path / "o2"), "--no-progress"]) == 1
+    assert "not a normrank index" in capsys.readouterr().err
+    assert (tmp_path / "o2" / "precious.txt").read_text() == "keep me"
+
+
+# ------------------------------------------------------------------ search
+def test_search_json_explains_every_hit(built, capsys):
+    assert main(["search", str(built), "What does mitochondrial DNA encode?", "-k", "3", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res["hits"]) == 3 and res["hits"][0]["id"] == "mito"
+    for h in res["hits"]:
+        assert h["score"] == pytest.approx(h["cosine"] + h["weight"] * h["norm_feature"], abs=1e-5)
+    scores = [h["score"] for h in res["hits"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_search_text_output_and_k_above_corpus(built, capsys):
+    assert main(["search", str(built), "how long do stars live", "-k", "50"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("6 hits for 'how long do stars live' (plain cosine)")
+    assert "star" in out.splitlines()[2]
+
+
+def test_search_missing_index_is_an_error(tmp_path, capsys):
+    assert main(["search", str(tmp_path / "none"), "q"]) == 1
+    assert "no saved index" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ fit
+def test_fit_saves_weights_and_query_calibration(built, tmp_path, capsys):
+    built = shutil.copytree(built, tmp_path / "copy", symlinks=True)  # leave the shared index as it was
+    queries = _jsonl(tmp_path / "q.jsonl", [
+        {"_id": "1", "text": "mitochondrial genome"}, {"_id": "2", "text": "how vaccines work"},
+        {"_id": "3", "text": "lifetime of massive stars"}, {"_id": "4", "text": "what is the sun"},
+        {"_id": "5", "text": "genetic code carrier"}, {"_id": "6", "text": "units of life"}])
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n1\tmito\t1\n2\tvacc\t1\n3\tstar\t1\n4\tsun\t1\n5\trna\t1\n"
+                     "6\tcell\t1\n")
+    assert NormIndex.load(built).query_calibrator is None
+    assert main(["fit", str(built), "--queries", str(queries), "--qrels", str(qrels), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["n_queries"] == 6
+    reloaded = NormIndex.load(built)
+    assert reloaded.weights.to_dict() == report["weights"]
+    assert reloaded.query_calibrator is not None and reloaded.query_calibrator.n_fitted == 6
+    # a qrels document the index lacks is named, with the way out
+    qrels.write_text("1\tmito\t1\n2\tgone\t1\n")
+    assert main(["fit", str(built), "--queries", str(queries), "--qrels", str(qrels)]) == 1
+    err = capsys.readouterr().err
+    assert "['gone']" in err and "--allow-missing-docs" in err
+    assert main(["fit", str(built), "--queries", str(queries), "--qrels", str(qrels), "--allow-missing-docs"]) == 0
+
+
+# ------------------------------------------------------------------ analyze
+def test_analyze_reports_and_plots(built, tmp_path, capsys):
+    png = tmp_path / "norms.png"
+    assert main(["analyze", str(built), "--plot", str(png), "--json", "--top", "2"]) == 0
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
+    assert res["n_docs"] == 6 and len(res["most_specific"]) == 2 and len(res["least_specific"]) == 2
+    top, bottom = res["most_specific"][0], res["least_specific"][0]
+    assert top["norm_feature"] >= bottom["norm_feature"]
+    assert -1 <= res["spearman_norm_length"] <= 1
+    assert any("only 6 documents" in w for w in res["warnings"])
+    assert "warning: only 6 documents" in captured.err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_analyze_warns_when_the_norm_is_only_length(tmp_path, capsys):
+    vecs, counts = synthetic(400, dim=16, seed=3)
+    vecs = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    vecs *= (5.0 * counts.astype(np.float32) ** -0.3)[:, None]  # norm is an exact function of length
+    index = NormIndex(dim=16)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
+    index.save(tmp_path / "lenonly")
+    assert main(["analyze", str(tmp_path / "lenonly")]) == 0
+    captured = capsys.readouterr()
+    assert "almost entirely text length" in captured.err
+
+
+def test_analyze_quiet_on_a_real_collection(cranfield, tmp_path, capsys):
+    index = NormIndex()
+    index.add_vectors(cranfield.vectors, cranfield.token_counts, ids=cranfield.ids)
+    index.save(tmp_path / "cran")
+    assert main(["analyze", str(tmp_path / "cran"), "--json"]) == 0
+    captured = capsys.readouterr()
+    res = json.loads(captured.out)
+    assert res["warnings"] == [] and captured.err == ""
+    assert res["spearman_norm_length"] < -0.5  # raw norm tracks length
+    assert abs(res["spearman_feature_length"]) < 0.1  # the calibration removes it
+
+
+# ------------------------------------------------------------------ eval
+def test_eval_json_on_a_real_collection(data_dir, capsys, encoder):
+    path = data_dir / "cranfield"
+    if not path.is_dir():
+        pytest.skip("cranfield not in the data folder")
+    assert main(["eval", str(path), "--json", "--no-progress"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["dataset"] == "cranfield" and res["n_queries"] == 225
+    assert res["protocol"] == "5-fold cv on test"
+    for run in ("cosine", "bm25", "rawdot", "normrank"):
+        assert set(res["runs"][run]) >= {"ndcg@10", "recall@100"}
+        assert all(isinstance(v, float) and 0 <= v <= 1 for v in res["runs"][run].values())
+    p = res["significance"]["normrank_vs_cosine"]["p_ndcg@10"]
+    assert isinstance(p, float)
+    delta = res["runs"]["normrank"]["ndcg@10"] - res["runs"]["cosine"]["ndcg@10"]
+    assert p >= 0.05 or delta > 0  # the fitted blend is never significantly worse than cosine
+    assert len(res["fit"]["folds"]) == 5
+    assert res["runs"]["rawdot"]["ndcg@10"] < res["runs"]["cosine"]["ndcg@10"]
+
+
+def test_eval_errors(tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 1
+    assert "no qrels" in capsys.readouterr().err
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("q\td\t1\n")
+    assert main(["eval", str(tmp_path), "--split", "dev"]) == 1
+    assert "available splits: ['test']" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ demo keeps working
+def test_demo_still_runs(tmp_path, capsys, encoder):
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--query", "How do vaccines work?", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "cosine ranking" in out and "normrank ranking" in out
