@@ -30,6 +30,7 @@ _MAD_TO_SD = 1.4826
 
 
 def _robust_scale(x: np.ndarray) -> tuple[float, float]:
+    x = np.sort(x)  # the std fallback sums: sorted, the fit is bit-identical for any corpus order
     center = float(np.median(x))
     mad = float(np.median(np.abs(x - center))) * _MAD_TO_SD
     if mad <= 1e-12:
