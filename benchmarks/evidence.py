@@ -138,7 +138,7 @@ def verdict(stat: Stat, expected_sign: int, chance: float = 0.0) -> str:
             return "**opposite** of the claim"
         weak = size < (0.05 if chance else 0.1)
         return "holds, weak" if weak else "holds"
-    return "not shown (CI spans " + ("chance" if chance else "0") + ")"
+    return "not shown: CI spans " + ("chance" if chance else "0")
 
 
 # --------------------------------------------------------------------------- data
@@ -303,6 +303,7 @@ class Row:
     sign_words: str
     extra: dict[str, Stat] = field(default_factory=dict)
     length_only: float | None = None
+    detail_only: bool = False
 
     @property
     def verdict(self) -> str:
@@ -330,8 +331,11 @@ class Evidence:
     plots: list[Path]
 
 
-def run(args: argparse.Namespace) -> Evidence:
-    """Measure everything; returns the table rows (also written as Markdown and plots)."""
+def run(args: argparse.Namespace, encoder=None) -> Evidence:
+    """Measure everything; returns the table rows (also written as Markdown and plots).
+
+    ``encoder`` defaults to the bundled all-MiniLM-L6-v2 ``RawEncoder``; tests pass theirs.
+    """
     from normrank.encoders import RawEncoder
 
     data = Path(args.data)
@@ -339,7 +343,7 @@ def run(args: argparse.Namespace) -> Evidence:
     n_boot = args.n_boot or (100 if tiny else 1000)
     n_words = 50 if tiny else args.words
     n_items = 50 if tiny else None
-    encoder = RawEncoder(show_progress=False)
+    encoder = encoder or RawEncoder(show_progress=False)
     rows: list[Row] = []
     notes: dict[str, str] = {}
     sanity: dict[str, float] = {}
@@ -366,6 +370,15 @@ def run(args: argparse.Namespace) -> Evidence:
                         st, st, -1, 0.0, "", length_only=None))
         notes["single"] = ("In the single-wordpiece subset every word has 3 tokens ([CLS] w [SEP]), "
                            "so the raw norm is already length-controlled and both columns are the same.")
+    for label, mask in (("2-wordpiece words", enc_w.count == 4), ("3-wordpiece words", enc_w.count == 5),
+                        ("4+-wordpiece words", enc_w.count >= 6)):
+        idx = np.flatnonzero(mask)
+        if idx.size >= 10:
+            s = subset(enc_w, idx)
+            rows.append(Row("1 frequency", f"  {label}", int(idx.size), "Spearman(norm, Zipf)",
+                            spearman_ci(s.norm, z[idx], n_boot=n_boot, seed=seed),
+                            spearman_ci(s.calibrated, z[idx], n_boot=n_boot, seed=seed), -1, 0.0, "",
+                            detail_only=True))
 
     # ---- 2. specificity: BLESS / BIBLESS / EVALution direction ----------------------
     spec_detail: list[dict] = []
@@ -393,25 +406,29 @@ def run(args: argparse.Namespace) -> Evidence:
         inverted = zv[hi_] > zv[he_]  # hyponym MORE frequent: the frequency baseline gets these wrong
         same_len = e.count[hi_] == e.count[he_]
         sub: dict[str, Stat | None] = {}
+        sub_n: dict[str, int] = {}
         for label, mask in (("freq-inverted pairs", inverted), ("equal-length pairs", same_len)):
+            sub_n[label] = int(mask.sum())
+            sub[label] = sub[label + " raw"] = None
             if mask.sum() >= 10:
-                sub[label] = cluster_accuracy_ci(acc["length-controlled norm"][mask],
-                                                 [c for c, m in zip(clusters, mask) if m],
-                                                 n_boot=n_boot, seed=seed)
-                sub[label + " n"] = Stat(float(mask.sum()), float("nan"), float("nan"))
-            else:
-                sub[label] = None
+                cl = [c for c, m in zip(clusters, mask) if m]
+                sub[label] = cluster_accuracy_ci(acc["length-controlled norm"][mask], cl, n_boot=n_boot, seed=seed)
+                sub[label + " raw"] = cluster_accuracy_ci(acc["raw norm"][mask], cl, n_boot=n_boot, seed=seed)
         spec_detail.append({"name": name, "pairs": len(pairs), "hyponyms": len(set(clusters)),
-                            "stats": stats, "sub": sub})
+                            "stats": stats, "sub": sub, "sub_n": sub_n})
         sanity[f"{name}: share of pairs where raw and length-controlled norms disagree"] = float(
             np.mean(acc["raw norm"] != acc["length-controlled norm"]))
         sanity[f"{name}: share of pairs where the hyponym has more wordpieces"] = float(
             np.mean(e.count[hi_] > e.count[he_]))
-        if name in ("BLESS", "BIBLESS") or name == "EVALution":
-            rows.append(Row("2 specificity", f"{name} hyponym > hypernym", len(pairs),
-                            "P(hyponym norm larger)", stats["raw norm"], stats["length-controlled norm"],
-                            1, 0.5, "", extra={"length baseline": stats["baseline: more wordpieces"],
-                                               "frequency baseline": stats["baseline: rarer (Zipf)"]}))
+        rows.append(Row("2 specificity", f"{name} hyponym > hypernym", len(pairs),
+                        "P(hyponym norm larger)", stats["raw norm"], stats["length-controlled norm"],
+                        1, 0.5, "", extra={"length baseline": stats["baseline: more wordpieces"],
+                                           "frequency baseline": stats["baseline: rarer (Zipf)"]}))
+        if sub["freq-inverted pairs"] is not None:
+            # frequency control for a pairwise test: keep only the pairs frequency gets wrong
+            rows.append(Row("2 specificity", f"  {name}, only pairs where the hyponym is more frequent",
+                            sub_n["freq-inverted pairs"], "P(hyponym norm larger)",
+                            sub["freq-inverted pairs raw"], sub["freq-inverted pairs"], 1, 0.5, ""))
     if not pair_sets:
         notes["specificity"] = f"No hypeval_*.tsv files in {data}: specificity direction skipped."
 
@@ -443,6 +460,7 @@ def run(args: argparse.Namespace) -> Evidence:
 
     # ---- 3. uncertainty -------------------------------------------------------------
     conc_path = data / "concreteness_brysbaert2014.tsv"
+    conc_plot: tuple[np.ndarray, np.ndarray] | None = None
     if conc_path.is_file():
         cw, cm, csd = concreteness(conc_path, 50 if tiny else args.words, seed)
         e = encode_set(encoder, cw)
@@ -458,11 +476,14 @@ def run(args: argparse.Namespace) -> Evidence:
                                                                       seed=seed)},
             length_only=spearman(e.count, csd)))
         sanity["concreteness: rho(Conc.SD, abs(Conc.M-3))"] = spearman(csd, extremity)
+        conc_plot = (e.calibrated, csd)
         sanity["concreteness: rho(Conc.SD, Zipf)"] = spearman(csd, zc)
     else:
         notes["concreteness"] = f"{conc_path} not found: concreteness SD skipped."
 
     chaos_plot: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if conc_plot is not None:
+        chaos_plot["concreteness"] = conc_plot
     chaos = chaosnli(data / "chaosnli", n_items) if (data / "chaosnli").is_dir() else {}
     for name, (texts, ent) in chaos.items():
         if len(texts) < 10:
@@ -547,40 +568,50 @@ def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: l
 
     # 3. uncertainty: binned means only (ChaosNLI is CC BY-NC: no per-item points)
     if chaos_plot:
-        fig, a = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        if "concreteness" in chaos_plot:
+            feat, sd = chaos_plot["concreteness"]
+            ax[0].scatter(sd, feat, s=4, alpha=0.3)
+            _binned_line(ax[0], sd, feat)
+            ax[0].legend(fontsize=8)
+        ax[0].set(xlabel="concreteness rating SD", ylabel="length-controlled norm (z)",
+                  title="Words: norm vs rating disagreement")
         for name, (feat, ent) in chaos_plot.items():
-            _binned_line(a, ent, feat, label=name, n_bins=8)
-        a.set(xlabel="ChaosNLI label entropy (bin means)", ylabel="length-controlled norm (bin mean)",
-              title="Norm vs human disagreement")
-        a.legend(fontsize=8)
+            if name != "concreteness":
+                _binned_line(ax[1], ent, feat, label=f"ChaosNLI {name}", n_bins=8)
+        ax[1].axhline(0, color="k", lw=0.5)
+        ax[1].set(xlabel="label entropy (bin means; per-item data not shown: CC BY-NC)",
+                  ylabel="length-controlled norm (bin mean)", title="NLI items: norm vs label entropy")
+        ax[1].legend(fontsize=8)
         fig.tight_layout()
         paths.append(_save(fig, out / "evidence_uncertainty.png"))
 
     # summary forest plot of the length-controlled statistics
-    fig, a = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+    rows = [r for r in rows if not r.detail_only]
+    fig, a = plt.subplots(figsize=(10, 0.42 * len(rows) + 1.6))
     for i, r in enumerate(rows):
         c, v = r.controlled, r.controlled.value - r.chance
         a.errorbar(v, i, xerr=[[c.value - c.lo], [c.hi - c.value]], fmt="o", color="C0", capsize=3)
         rw = r.raw.value - r.chance
         a.plot(rw, i, "x", color="C3")
     a.axvline(0, color="k", lw=1)
-    a.set_yticks(range(len(rows)), [f"{r.claim[2:]}: {r.dataset.strip()}"[:60] for r in rows], fontsize=8)
+    a.set_yticks(range(len(rows)), [f"{r.claim[2:]}: {r.dataset.strip()}"[:70] for r in rows], fontsize=8)
     a.invert_yaxis()
-    a.set(xlabel="Spearman rho, or accuracy - 0.5 (o = length-controlled with 95% CI, x = raw)",
+    a.set(xlabel="Spearman rho (or direction accuracy minus 0.5)\no = length-controlled, 95% CI; x = raw norm",
           title="Evidence summary (all-MiniLM-L6-v2)")
     fig.tight_layout()
     paths.append(_save(fig, out / "evidence_summary.png"))
     return paths
 
 
-def _binned_line(ax, x, y, label: str = "bin median", n_bins: int = 10) -> None:
+def _binned_line(ax, x, y, label: str = "bin mean", n_bins: int = 10) -> None:
     edges = np.unique(np.quantile(x, np.linspace(0, 1, n_bins + 1)))
     if edges.size < 2:
         return
     which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, edges.size - 2)
     xs = [float(np.mean(x[which == b])) for b in range(edges.size - 1) if (which == b).any()]
     ys = [float(np.mean(y[which == b])) for b in range(edges.size - 1) if (which == b).any()]
-    ax.plot(xs, ys, "o-", color=None if label != "bin median" else "k", label=label, lw=1.5)
+    ax.plot(xs, ys, "o-", color=None if label != "bin mean" else "k", label=label, lw=1.5, ms=4)
 
 
 def _save(fig, path: Path) -> Path:
@@ -621,11 +652,11 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
         "sign, in words | verdict |",
         "|---|---|---:|---|---|---|---|---|",
     ]
-    for r in ev.rows:
+    for r in (r for r in ev.rows if not r.detail_only):
         raw, ctl = r.cells()
         lines.append(f"| {r.claim} | {r.dataset.strip()} | {r.n} | {r.statistic} | {raw} | {ctl} | "
                      f"{r.sign_words} | {r.verdict} |")
-    lines += ["", "![summary](evidence_summary.png)", ""]
+    lines += ["", "![summary](evidence_summary.png)", "", "## Conclusions", "", *conclusions(ev), ""]
 
     lines += ["## 1. Frequency", "",
               "Zipf frequency from the `wordfreq` package; words are an even sample over the ranks of "
@@ -651,7 +682,7 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
 
         def cell(label: str) -> str:
             st = sub.get(label)
-            return "n/a (<10 pairs)" if st is None else f"{st.fmt_acc()} (n={int(sub[label + ' n'].value)})"
+            return "n/a (<10 pairs)" if st is None else f"{st.fmt_acc()} (n={d['sub_n'][label]})"
 
         lines.append(f"| {d['name']} | {d['pairs']} | {d['hyponyms']} | {s['raw norm'].fmt_acc()} | "
                      f"{s['length-controlled norm'].fmt_acc()} | {s['baseline: more wordpieces'].fmt_acc()} | "
@@ -694,6 +725,68 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
     return "\n".join(lines)
 
 
+def conclusions(ev: Evidence) -> list[str]:
+    """Plain-language reading of the table, derived from the numbers (so it cannot go stale)."""
+    out: list[str] = []
+    by = {r.dataset.strip(): r for r in ev.rows}
+    freq = [r for r in ev.rows if r.claim == "1 frequency" and not r.detail_only]
+    if freq:
+        r = freq[0]
+        line = (f"- **Frequency**: the raw norm has ρ = {r.raw.value:+.2f} with Zipf frequency, "
+                f"after length control ρ = {r.controlled.value:+.2f} ({r.verdict}).")
+        if r.raw.value * r.controlled.value < 0:
+            line += (" The sign flips: rare words are split into more wordpieces, and more wordpieces "
+                     "mean a smaller raw norm, which hides the rarity effect until length is controlled.")
+        single = by.get("single-wordpiece subset")
+        if single:
+            line += f" Among single-wordpiece words (no length confound) ρ = {single.raw.value:+.2f}."
+        out.append(line)
+    spec = [r for r in ev.rows if r.claim == "2 specificity" and not r.dataset.startswith(("WordNet", "  "))]
+    for r in spec:
+        name = r.dataset.split()[0]
+        inv = by.get(f"{name}, only pairs where the hyponym is more frequent")
+        fb = r.extra.get("frequency baseline")
+        lb = r.extra.get("length baseline")
+        line = (f"- **Specificity, {name}**: the length-controlled norm picks the hyponym in "
+                f"{r.controlled.value:.0%} of pairs (raw norm {r.raw.value:.0%}; frequency baseline "
+                f"{fb.value:.0%}, length baseline {lb.value:.0%}): {r.verdict}.")
+        if inv is not None:
+            c = inv.controlled
+            head = (f" On the {inv.n} pairs whose hyponym is the *more* frequent word (where frequency "
+                    f"points the wrong way) it picks the hyponym {c.value:.0%} [{c.lo:.0%}, {c.hi:.0%}]")
+            if inv.verdict.startswith("holds"):
+                line += head + ": the specificity signal survives this frequency control."
+            elif "opposite" in inv.verdict:
+                line += head + ": it follows frequency, not specificity, there."
+            else:
+                line += head + (": not distinguishable from chance, so this dataset does not separate "
+                                "specificity from frequency.")
+        out.append(line)
+    wn = next((r for r in ev.rows if r.dataset.startswith("WordNet")), None)
+    if wn is not None:
+        part = next(iter(wn.extra.values()), None)
+        out.append(f"- **Specificity, WordNet depth**: ρ = {wn.controlled.value:+.2f} after length control "
+                   f"({wn.verdict})" + (f"; partial ρ given length and frequency {part.value:+.2f} "
+                                        f"[{part.lo:+.2f}, {part.hi:+.2f}]" if part else "") + ".")
+    unc = [r for r in ev.rows if r.claim == "3 uncertainty"]
+    if unc:
+        held = [r for r in unc if r.verdict.startswith("holds")]
+        raw_only = [r for r in unc if (r.raw.hi < 0 or r.raw.lo > 0) and not r.verdict.startswith("holds")]
+        line = "- **Uncertainty**: " + "; ".join(
+            f"{r.dataset.strip()} ρ = {r.controlled.value:+.2f} ({r.verdict})" for r in unc) + "."
+        if raw_only:
+            line += (" Where the raw norm correlates but the length-controlled norm does not ("
+                     + ", ".join(r.dataset.strip() for r in raw_only)
+                     + "), the raw correlation is a length effect: longer items are more disputed and "
+                     "have smaller raw norms.")
+        if len(held) < len(unc):
+            line += (" For this model the norm is not a dependable uncertainty signal: "
+                     f"{len(held)} of {len(unc)} sets show the claimed sign after length control"
+                     + (", all weakly." if held and all("weak" in r.verdict for r in held) else "."))
+        out.append(line)
+    return out
+
+
 def _detail_table(rows: list[Row]) -> str:
     if not rows:
         return "_(skipped: no data)_"
@@ -719,7 +812,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, encoder=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args = build_parser().parse_args(argv)
     if args.data is None:
@@ -733,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.data).is_dir():
         print(f"error: lexical data folder {args.data} does not exist", file=sys.stderr)
         return 1
-    ev = run(args)
+    ev = run(args, encoder)
     for r in ev.rows:
         raw, ctl = r.cells()
         print(f"{r.claim:14} {r.dataset.strip()[:44]:44} n={r.n:5d} raw {raw:24} ctl {ctl:24} {r.verdict}")
