@@ -1,0 +1,161 @@
+"""Haystack adapter: ``NormRankRanker`` alone and in a real Pipeline with InMemoryDocumentStore + BM25."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import numpy as np
+import pytest
+
+pytest.importorskip("haystack", reason='needs the haystack extra: pip install "normrank[haystack]"')
+
+from haystack import Document, Pipeline  # noqa: E402
+from haystack.components.retrievers.in_memory import InMemoryBM25Retriever  # noqa: E402
+from haystack.document_stores.in_memory import InMemoryDocumentStore  # noqa: E402
+
+from haystack_normrank import NormRankRanker  # noqa: E402
+from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, Weights  # noqa: E402
+
+SCORE_KEYS = {"relevance_score", "cosine", "norm_feature", "weight", "norm"}
+
+
+def _demo_rows(name: str) -> list[dict]:
+    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def ids() -> list[str]:
+    return [d["_id"] for d in _demo_rows("demo_corpus.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def index(encoder, ids, demo_texts, demo_encoded) -> NormIndex:
+    idx = NormIndex(encoder, weights=Weights(a=0.03, b=0.02))
+    idx.add_vectors(*demo_encoded, ids=ids, texts=demo_texts)
+    idx.calibrate_queries([q["text"] for q in _demo_rows("demo_queries.jsonl")])
+    return idx
+
+
+def _docs(ids, texts, embeddings=None, score=None) -> list[Document]:
+    return [Document(id=i, content=t, meta={"src": i}, score=score,
+                     embedding=None if embeddings is None else [float(x) for x in embeddings[j]])
+            for j, (i, t) in enumerate(zip(ids, texts))]
+
+
+def test_pipeline_bm25_then_ranker(encoder, ids, demo_texts):
+    store = InMemoryDocumentStore()
+    store.write_documents(_docs(ids, demo_texts))
+    pipe = Pipeline()
+    pipe.add_component("bm25", InMemoryBM25Retriever(store, top_k=10))
+    pipe.add_component("rerank", NormRankRanker(top_k=3, weights={"a": 0.03}, encoder=encoder))
+    pipe.connect("bm25.documents", "rerank.documents")
+    q = "How long do massive stars live?"
+    res = pipe.run({"bm25": {"query": q}, "rerank": {"query": q}}, include_outputs_from={"bm25"})
+    bm25 = {d.id: d.score for d in res["bm25"]["documents"]}
+    out = res["rerank"]["documents"]
+    assert len(out) == 3 and out[0].id.startswith("astro")
+    assert [d.score for d in out] == sorted((d.score for d in out), reverse=True)
+    for d in out:
+        assert SCORE_KEYS <= set(d.meta) and d.meta["src"] == d.id
+        assert d.score == pytest.approx(d.meta["relevance_score"])
+        assert d.meta["retrieval_score"] == pytest.approx(bm25[d.id])
+        assert d.score == pytest.approx(d.meta["cosine"] + 0.03 * d.meta["norm_feature"], abs=1e-9)
+
+
+def test_matches_the_index_arithmetic(index, ids, demo_texts):
+    ranker = NormRankRanker.from_index(index, top_k=len(ids))
+    q = "What does mitochondrial DNA encode?"
+    got = {d.id: d.score for d in ranker.run(query=q, documents=_docs(ids, demo_texts))["documents"]}
+    for h in index.search(q, len(index)):
+        assert got[h.id] == pytest.approx(h.score, abs=2e-5)
+
+
+def test_document_embeddings_used_only_when_raw(encoder, ids, demo_texts, demo_encoded):
+    ids, texts, vecs = ids[:12], demo_texts[:12], demo_encoded[0][:12]
+    q = "How do vaccines work?"
+    qv = encoder.encode([q])[0]
+    base = {d.id: d.score for d in NormRankRanker(top_k=12, cache_size=0, encoder=encoder)
+            .run(query=q, documents=_docs(ids, texts))["documents"]}
+    unit = np.roll(vecs / np.linalg.norm(vecs, axis=1, keepdims=True), 1, axis=0)
+    ignored = NormRankRanker(top_k=12, cache_size=0, encoder=encoder).run(query=q, documents=_docs(ids, texts, unit))
+    assert {d.id: d.score for d in ignored["documents"]} == pytest.approx(base, abs=1e-5)
+    used = NormRankRanker(top_k=12, cache_size=0, encoder=encoder).run(
+        query=q, documents=_docs(ids, texts, np.roll(vecs, 1, axis=0)))
+    for d in used["documents"]:  # each document carries its neighbour's raw vector, which is trusted
+        j = (ids.index(d.id) - 1) % len(ids)
+        cos = float(vecs[j] @ qv / np.linalg.norm(vecs[j]) / np.linalg.norm(qv))
+        assert d.meta["cosine"] == pytest.approx(cos, abs=1e-5)
+
+
+def test_inputs_untouched_top_k_and_copies(encoder, ids, demo_texts):
+    docs = _docs(ids[:8], demo_texts[:8], score=1.5)
+    before = [d.to_dict() for d in docs]
+    ranker = NormRankRanker(top_k=2, encoder=encoder)
+    assert len(ranker.run(query="stars", documents=docs)["documents"]) == 2
+    out = ranker.run(query="stars", documents=docs, top_k=5)["documents"]
+    assert len(out) == 5 and all(d.meta["retrieval_score"] == 1.5 for d in out)
+    assert len(ranker.run(query="stars", documents=docs, top_k=50)["documents"]) == 8
+    assert [d.to_dict() for d in docs] == before
+    no_keep = NormRankRanker(top_k=2, keep_retrieval_score=False, encoder=encoder)
+    assert all("retrieval_score" not in d.meta for d in no_keep.run(query="stars", documents=docs)["documents"])
+
+
+def test_bad_input(encoder, ids, demo_texts):
+    ranker = NormRankRanker(encoder=encoder)
+    assert ranker.run(query="x", documents=[]) == {"documents": []}
+    with pytest.raises(EmptyTextError, match="query is empty"):
+        ranker.run(query="  ", documents=_docs(ids[:2], demo_texts[:2]))
+    with pytest.raises(EmptyTextError, match="'e'"):
+        ranker.run(query="stars", documents=[Document(id="e", content="")])
+    with pytest.raises(InvalidArgumentError, match="top_k"):
+        ranker.run(query="stars", documents=_docs(ids[:2], demo_texts[:2]), top_k=0)
+    with pytest.raises(InvalidArgumentError, match="top_k"):
+        NormRankRanker(top_k=-1)
+    with pytest.raises(InvalidArgumentError, match="scoring mode"):
+        NormRankRanker(weights={"mode": "sideways"})
+
+
+def test_warm_up_and_serialisation(index, ids, demo_texts):
+    ranker = NormRankRanker.from_index(index, top_k=4)
+    data = ranker.to_dict()
+    assert data["type"] == "haystack_normrank.ranker.NormRankRanker"
+    params = data["init_parameters"]
+    assert params["model"] is None and params["weights"]["b"] == 0.02
+    assert json.loads(json.dumps(data)) == data
+    again = NormRankRanker.from_dict(data)
+    assert again.calibrator == index.calibrator and again.query_calibrator == index.query_calibrator
+    again.warm_up()
+    assert again.encoder.model is not None
+    q = "What is the exact speed of light?"
+    a = ranker.run(query=q, documents=_docs(ids, demo_texts))["documents"]
+    b = again.run(query=q, documents=_docs(ids, demo_texts))["documents"]
+    assert [(d.id, round(d.score, 6)) for d in a] == [(d.id, round(d.score, 6)) for d in b]
+
+
+def test_pipeline_dumps_and_loads(encoder):
+    pipe = Pipeline()
+    pipe.add_component("rerank", NormRankRanker(top_k=2, weights={"a": 0.01}, encoder=encoder))
+    loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["haystack_normrank.ranker"])
+    ranker = loaded.get_component("rerank")
+    assert isinstance(ranker, NormRankRanker) and ranker.weights == Weights(a=0.01) and ranker.top_k == 2
+
+
+async def test_run_async_matches_run(encoder, ids, demo_texts):
+    ranker = NormRankRanker(top_k=3, encoder=encoder)
+    sync = ranker.run(query="vaccines", documents=_docs(ids, demo_texts))["documents"]
+    got = (await ranker.run_async(query="vaccines", documents=_docs(ids, demo_texts)))["documents"]
+    assert [(d.id, d.score) for d in got] == [(d.id, d.score) for d in sync]
+
+
+def test_from_config(tmp_path, index):
+    with pytest.raises(ConfigError, match="haystack.calibration"):
+        NormRankRanker.from_config({"haystack": {"calibration": "index"}})
+    r = NormRankRanker.from_config({"haystack": {"top_k": 3, "keep_retrieval_score": False}, "scoring": {"a": 0.02}})
+    assert r.top_k == 3 and not r.keep_retrieval_score and r.weights == Weights(a=0.02) and r.calibrator is None
+    index.save(tmp_path / "idx")
+    r2 = NormRankRanker.from_config({"store": {"path": str(tmp_path / "idx")}})
+    assert r2.calibrator == index.calibrator and r2.weights == index.weights
+    r3 = NormRankRanker.from_config({"store": {"path": str(tmp_path / "idx")}, "haystack": {"calibration": "candidates"}})
+    assert r3.calibrator is None
