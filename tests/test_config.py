@@ -1,0 +1,133 @@
+"""The YAML configuration: strict validation with useful messages, and the documented example file.
+
+The example at the repo root must stay in step with the pydantic models (every key present and
+commented) and must build every adapter.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from normrank import ConfigError, NormIndex, Weights, build_index, load_config
+from normrank.config import NormRankConfig
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "normrank.example.yaml"
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> set[str]:
+    out = set()
+    for name, field in model.model_fields.items():
+        out.add(prefix + name)
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            out |= _keys(field.annotation, f"{prefix}{name}.")
+    return out
+
+
+def _yaml_keys(data: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in data.items():
+        out.add(prefix + key)
+        if isinstance(value, dict) and prefix == "":
+            out |= _yaml_keys(value, f"{key}.")
+    return out
+
+
+def test_example_file_documents_every_key_with_its_default():
+    data = yaml.safe_load(EXAMPLE.read_text(encoding="utf-8"))
+    assert _yaml_keys(data) == _keys(NormRankConfig)
+    assert load_config(EXAMPLE) == NormRankConfig()  # the documented values are the defaults
+
+
+def test_every_key_in_the_example_is_commented():
+    for line in EXAMPLE.read_text(encoding="utf-8").splitlines():
+        if re.match(r"^\s*[a-z_]+:", line):
+            assert "#" in line, f"undocumented key line: {line!r}"
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    ({"langchain": {"kk": 3}}, r"unknown key 'langchain\.kk'; allowed keys here: filter, k"),
+    ({"scoring": {"mode": "sideways"}}, r"'scoring\.mode'.*'additive', 'multiplicative' or 'tiebreak'.*sideways"),
+    ({"llamaindex": {"calibration": "corpus"}}, r"'llamaindex\.calibration'.*'auto', 'index' or 'candidates'"),
+    ({"haystack": {"top_k": "ten"}}, r"'haystack\.top_k'.*valid integer.*'ten'"),
+    ({"haystack": {"top_k": 0}}, r"'haystack\.top_k'.*greater than 0"),
+    ({"encoder": {"batch_size": -1}}, r"'encoder\.batch_size'.*greater than 0"),
+    ({"store": {"index_type": "annoy"}}, r"'store\.index_type'.*'flat', 'hnsw' or 'ivf'"),
+    ({"fit": {"modes": ["additive", "x"]}}, r"'fit\.modes\.1'.*'additive', 'multiplicative' or 'tiebreak'"),
+    ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, encoder, fit, haystack"),
+    ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
+])
+def test_wrong_key_or_type_names_the_path_and_the_allowed(data, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(data)
+
+
+def test_errors_from_a_file_name_the_file(tmp_path):
+    bad = tmp_path / "normrank.yaml"
+    bad.write_text("scoring:\n  a: 0.1\n  mdoe: additive\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"in .*normrank\.yaml: unknown key 'scoring\.mdoe'; allowed keys here: a, b"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad.write_text("scoring: [a\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    bad.write_text("- a\n- b\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(bad)
+
+
+def test_a_partial_file_keeps_the_other_defaults(tmp_path):
+    path = tmp_path / "normrank.yaml"
+    path.write_text("scoring:\n  a: 0.02\nlangchain:\n  k: 7\n", encoding="utf-8")
+    config = load_config(path)
+    assert config.scoring.a == 0.02 and config.langchain.k == 7
+    assert config.haystack.top_k == 10 and config.store.index_type == "flat"
+
+
+def test_example_file_builds_every_adapter(encoder):
+    from haystack_normrank import NormRankRanker
+    from langchain_normrank import NormRankRetriever as LangChainRetriever
+    from llama_index_normrank import NormRankPostprocessor
+    from llama_index_normrank import NormRankRetriever as LlamaRetriever
+
+    config = load_config(EXAMPLE)
+    lc = LangChainRetriever.from_config(EXAMPLE)
+    assert isinstance(lc.index, NormIndex) and lc.k == config.langchain.k and lc.filter is None
+    assert lc.invoke("anything") == []  # the example has no saved index: an empty one
+    li = LlamaRetriever.from_config(EXAMPLE)
+    assert li.similarity_top_k == config.llamaindex.similarity_top_k
+    post = NormRankPostprocessor.from_config(EXAMPLE)
+    assert (post.top_n, post.keep_retrieval_score, post.cache_size) == (5, True, 10_000)
+    assert post.weights == Weights() and post.calibrator is None
+    ranker = NormRankRanker.from_config(EXAMPLE)
+    assert (ranker.top_k, ranker.keep_retrieval_score, ranker.cache_size) == (10, True, 10_000)
+    assert ranker.weights == Weights() and ranker.to_dict()["init_parameters"]["model"] is None
+
+
+def test_one_file_configures_everything(tmp_path, encoder, demo_texts, demo_encoded):
+    """A saved index plus per-adapter options: every adapter serves that index's blend."""
+    from haystack_normrank import NormRankRanker
+    from langchain_normrank import NormRankRetriever
+    from llama_index_normrank import NormRankPostprocessor
+
+    index = NormIndex(encoder, weights=Weights(a=0.02))
+    index.add_vectors(*demo_encoded, ids=[f"d{i}" for i in range(len(demo_texts))], texts=demo_texts)
+    index.save(tmp_path / "idx")
+    path = tmp_path / "normrank.yaml"
+    path.write_text(
+        f"store:\n  path: {tmp_path / 'idx'}\n"
+        "langchain:\n  k: 2\n"
+        "llamaindex:\n  top_n: 3\n  calibration: index\n"
+        "haystack:\n  top_k: 4\n  calibration: index\n", encoding="utf-8")
+    assert build_index(path).weights == Weights(a=0.02)
+    lc = NormRankRetriever.from_config(path)
+    assert len(lc.invoke("stars")) == 2 and lc.invoke("stars")[0].metadata["weight"] == pytest.approx(0.02)
+    post = NormRankPostprocessor.from_config(path)
+    assert post.top_n == 3 and post.weights == Weights(a=0.02) and post.calibrator == index.calibrator
+    ranker = NormRankRanker.from_config(path)
+    assert ranker.top_k == 4 and ranker.weights == Weights(a=0.02) and ranker.calibrator == index.calibrator
