@@ -129,6 +129,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     from normrank.cache import encode_cached
     from normrank.config import build_index, load_config
 
+    if args.ray:  # encode on Ray Data (RAY_ADDRESS joins a cluster), Parquet beside the index
+        from normrank.distributed import index_with_ray
+
+        index = index_with_ray(args.source, args.out, config=args.config, num_actors=args.ray_actors,
+                               show_progress=not args.no_progress)
+        print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
+        return 0
     ids, texts, metas, skipped = read_source(args.source)
     if skipped:
         print(f"note: skipped {len(skipped)} empty document(s), e.g. {skipped[:3]}", file=sys.stderr)
@@ -141,7 +148,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     index = build_index(config)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
-    index.save(args.out)
+    if config.store.backend == "faiss":  # a pgvector index lives in its table
+        index.save(args.out)
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     print(f"indexed {len(index)} documents into {args.out} (model {index.encoder.model_name}, "
           f"raw norms {norms.min():.3f}..{norms.max():.3f})")
@@ -281,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="folder to save the index into")
     p.add_argument("--config", help="normrank.yaml (encoder, store and scoring settings)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--ray", action="store_true", help="encode on Ray Data with a pool of encoder actors "
+                   "(pip install 'normrank[ray]'; RAY_ADDRESS joins a cluster)")
+    p.add_argument("--ray-actors", type=_positive_int, default=2, help="encoder actors with --ray (default 2)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search a saved index; every hit with its explanation")

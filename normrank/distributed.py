@@ -15,9 +15,9 @@ the Parquet columns, never the vectors) and fitted exactly as the single-process
 fits them. The ranking is therefore the one ``NormIndex.from_texts`` gives on the same
 corpus.
 
-On a cluster nothing in this module changes: pass ``ray_address`` (or start the driver
-with ``RAY_ADDRESS`` set) and an ``out`` folder every worker can write (a shared
-filesystem; cloud URIs are not handled here).
+On a cluster nothing in this module changes: pass ``ray_address`` (or set ``RAY_ADDRESS``)
+and an ``out`` folder every worker can write (a shared filesystem; cloud URIs are not
+handled here).
 """
 
 from __future__ import annotations
@@ -291,8 +291,9 @@ def encode_corpus(
     block_rows:
         Rows per input block (default: enough blocks to keep every actor busy, at most 4,096).
     ray_address:
-        An existing cluster (``"auto"``, ``"ray://head:10001"``); ``None`` joins the Ray already
-        initialised in this process, or starts a private loopback-only one and stops it after.
+        An existing cluster (``"auto"``, ``"ray://head:10001"``); ``None`` reads ``$RAY_ADDRESS``,
+        else joins the Ray already initialised in this process, else starts a private
+        loopback-only one and stops it after.
     max_bins, min_per_bin:
         The document calibration's settings (as in ``calibration:`` of the YAML).
     show_progress:
@@ -326,6 +327,7 @@ def encode_corpus(
 
     ray = _ray()
     started = False
+    ray_address = ray_address or os.environ.get("RAY_ADDRESS") or None
     if not ray.is_initialized():
         if ray_address is None:
             init_local_ray()
@@ -374,8 +376,9 @@ def _finish(out: Path, n: int, settings: Mapping[str, Any], max_bins: int, min_p
 
 def index_with_ray(
     source: str | os.PathLike[str],
-    out: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
     *,
+    encoded: str | os.PathLike[str] | None = None,
     backend: str | None = None,
     config: Any = None,
     num_actors: int = 2,
@@ -384,8 +387,19 @@ def index_with_ray(
 ) -> Any:
     """Read ``source`` like ``normrank index`` does, encode it on Ray, load it into the configured backend.
 
-    Writes the encoded corpus to ``out/encoded``; with the FAISS backend the index is saved
-    to ``out/index``, with pgvector it fills ``store.table`` at ``store.dsn``. Returns the index.
+    Parameters
+    ----------
+    source:
+        A BEIR folder, a ``.jsonl[.gz]`` file of ``{_id, title, text}`` rows, or a folder of .txt/.md files.
+    out:
+        FAISS backend: the folder the index is saved to (as ``normrank index --out``).
+    encoded:
+        The Parquet folder (default ``<out>-encoded``); required when ``out`` is not given.
+    backend, config:
+        ``"faiss"`` or ``"pgvector"`` (default: ``store.backend`` of ``config``); with pgvector the
+        documents go to ``store.table`` at ``store.dsn`` (or ``$NORMRANK_PG_DSN``).
+
+    Returns the index.
     """
     from normrank.cli import read_source
     from normrank.config import build_encoder, build_index, load_config
@@ -394,17 +408,23 @@ def index_with_ray(
     if backend is not None:
         cfg.store.backend = backend
     cfg.store.path = None  # a new index: never load another one into it
+    if cfg.store.backend == "faiss" and out is None:
+        raise InvalidArgumentError("the FAISS backend saves the index to a folder: give out=...")
+    if encoded is None:
+        if out is None:
+            raise InvalidArgumentError("give encoded=... (the Parquet folder) or out=...")
+        encoded = Path(out).with_name(Path(out).name + "-encoded")
     ids, texts, metas, skipped = read_source(source)
     if skipped:
         logger.warning("skipped %d empty document(s), e.g. %s", len(skipped), skipped[:3])
     if not ids:
         raise EmptyCorpusError(f"{source} holds no document with text")
-    corpus = encode_corpus(texts, ids, metas, out=Path(out) / "encoded", encoder=build_encoder(cfg),
-                           num_actors=num_actors, ray_address=ray_address, max_bins=cfg.calibration.max_bins,
+    corpus = encode_corpus(texts, ids, metas, out=encoded, encoder=build_encoder(cfg), num_actors=num_actors,
+                           ray_address=ray_address, max_bins=cfg.calibration.max_bins,
                            min_per_bin=cfg.calibration.min_per_bin, show_progress=show_progress)
     index = corpus.into(build_index(cfg))
     if cfg.store.backend == "faiss":
-        index.save(Path(out) / "index")
+        index.save(out)
     return index
 
 

@@ -34,14 +34,17 @@ def ray_session():
 
 
 @pytest.fixture(scope="module")
-def ray_run(ray_session, demo_texts, tmp_path_factory):
-    """`index_with_ray` on a JSONL file of the demo corpus, FAISS backend, two encoder actors."""
+def ray_run(ray_session, encoder, demo_texts, tmp_path_factory):
+    """`normrank index --ray` on a JSONL file of the demo corpus (FAISS backend, two encoder actors)."""
+    from normrank.cli import main
+
     folder = tmp_path_factory.mktemp("ray")
     src = folder / "corpus.jsonl"
     src.write_text("".join(json.dumps({"_id": f"p{k}", "text": t, "metadata": {"n": k}}) + "\n"
                            for k, t in enumerate(demo_texts)))
-    index = index_with_ray(src, folder / "out", backend="faiss", num_actors=2)
-    return index, EncodedCorpus.open(folder / "out" / "encoded"), folder
+    assert main(["index", str(src), "--out", str(folder / "index"), "--ray", "--ray-actors", "2",
+                 "--no-progress"]) == 0
+    return NormIndex.load(folder / "index", encoder=encoder), EncodedCorpus.open(folder / "index-encoded"), folder
 
 
 @pytest.fixture(scope="module")
@@ -75,12 +78,11 @@ def test_ray_encoding_equals_single_process(ray_run, reference, demo_texts):
 
     # The index built from the Parquet ranks as NormIndex.from_texts does on the same corpus.
     ref_index = NormIndex.from_texts(demo_texts, ids=ref_ids, metadatas=ref_metas, encoder=index.encoder)
-    loaded = NormIndex.load(folder / "out" / "index", encoder=index.encoder)
-    for idx in (ref_index, loaded):
+    for idx in (ref_index, index):
         idx.set_weights(Weights(a=-0.03))
     queries = ["what is photosynthesis", "history of the roman empire", "how do vaccines work",
                "black holes and general relativity"]
-    assert_same_ranking(ref_index.search_batch(queries, 10), loaded.search_batch(queries, 10))
+    assert_same_ranking(ref_index.search_batch(queries, 10), index.search_batch(queries, 10))
 
 
 def test_parquet_loads_into_pgvector(ray_run, reference, demo_texts):
@@ -124,6 +126,10 @@ def test_bad_input_is_refused_before_any_work(tmp_path):
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
     with pytest.raises(IndexFormatError, match="normrank.json"):
         EncodedCorpus.open(tmp_path / "full")
+    with pytest.raises(InvalidArgumentError, match="out="):
+        index_with_ray(tmp_path / "full", backend="faiss")
+    with pytest.raises(InvalidArgumentError, match="encoded="):
+        index_with_ray(tmp_path / "full", backend="pgvector")
 
 
 def test_incomplete_folder_is_named(ray_run, tmp_path):
