@@ -15,6 +15,7 @@ on MiniLM, so this test usually (and rightly) says no on small query sets.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -201,11 +202,23 @@ def fit_index(index: NormIndex, queries: Mapping[str, str], qrels: Mapping[str, 
     qids = [q for q in has_relevant(qrels)]
     if not qids:
         raise EmptyCorpusError("no query in the qrels has a relevant document")
+    allowed = sorted(set(inspect.signature(fit_candidates).parameters) - {"cands", "qids", "qrels", "base"})
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise InvalidArgumentError(f"unknown fit options {unknown}; allowed: {allowed}")
+    for m in kwargs.get("modes", ()):
+        if m not in MODES:
+            raise InvalidArgumentError(f"unknown scoring mode {m!r}; choose one of {list(MODES)}")
     vectors, counts = index.encoder.encode_with_counts([queries[q] for q in qids])
-    if calibrate_queries:
-        index.calibrate_queries(norms=np.linalg.norm(vectors.astype(np.float64), axis=1), token_counts=counts)
-    cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
-    report = fit_candidates(cands, qids, qrels, base=index.weights.replace(a=0.0, b=0.0), **kwargs)
+    old_query_calibrator = index.query_calibrator
+    try:  # a failed fit leaves the index as it was
+        if calibrate_queries:
+            index.calibrate_queries(norms=np.linalg.norm(vectors.astype(np.float64), axis=1), token_counts=counts)
+        cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
+        report = fit_candidates(cands, qids, qrels, base=index.weights.replace(a=0.0, b=0.0), **kwargs)
+    except BaseException:
+        index.query_calibrator = old_query_calibrator
+        raise
     if apply:
         index.set_weights(report.weights)
     logger.info("fit: %s", report.reason)

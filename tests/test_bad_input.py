@@ -418,3 +418,15 @@ def test_load_beir_with_qrels_naming_unknown_ids(tmp_path):
         load_beir(_beir(tmp_path / "bad_query", ["q7\td1\t1"]))
     with pytest.raises(DatasetError, match="has no qrels/train.tsv; available splits: \\['test'\\]"):
         load_beir(tmp_path / "good", split="train")
+
+
+def test_fit_with_bad_options_changes_nothing(store):
+    """Options are checked before the fit touches the query calibration (it used to be refitted first)."""
+    queries = {"q1": QUERY, "q2": "ocean tides"}
+    qrels = {"q1": {"doc1": 1}, "q2": {"doc2": 1}}
+    refused(store, lambda: store.fit(queries, qrels, modes=["bogus"]), InvalidArgumentError,
+            r"unknown scoring mode 'bogus'; choose one of \['additive', 'multiplicative', 'tiebreak'\]")
+    refused(store, lambda: store.fit(queries, qrels, fold=3), InvalidArgumentError,
+            r"unknown fit options \['fold'\]; allowed: \[.*'folds'")
+    refused(store, lambda: store.fit(queries, {"q1": {"doc1": 0}}), EmptyCorpusError,
+            "no query in the qrels has a relevant document")
