@@ -92,7 +92,10 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
 
 
 def _is_index_folder(root: Path) -> bool:
-    """True for an empty folder or one holding only what this module writes."""
+    """True for a saved index, an empty folder, or one holding only what this module writes
+    (e.g. a first save that was killed before it published)."""
+    if (root / CURRENT).is_symlink():
+        return True
     for p in root.iterdir():
         if p.name in (CURRENT, LOCK) or p.name.startswith(_OWNED_PREFIXES):
             continue

@@ -346,3 +346,14 @@ def test_concurrent_saves_and_loads_never_break_the_folder(tmp_path):
     final = NormIndex.load(root)
     assert snapshot(final) == expected[len(final)]
     assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1
+
+
+def test_first_save_killed_before_publishing_does_not_block_the_next(tmp_path):
+    """Regression: a folder holding only a dead save's debris used to be refused as 'not a normrank index'."""
+    root = tmp_path / "idx"
+    (root / "v-deadbeef").mkdir(parents=True)
+    (root / "v-deadbeef" / "index.faiss").write_bytes(b"half")
+    index = make_index(n=20)
+    index.save(root)
+    assert [p.name for p in root.iterdir() if p.name.startswith("v-")] == [os.readlink(root / "current")]
+    assert snapshot(NormIndex.load(root)) == snapshot(index)
