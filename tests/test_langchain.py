@@ -187,3 +187,8 @@ async def test_raw_embeddings(encoder):
     assert emb.embed_documents([]) == []
     with pytest.raises(InvalidArgumentError, match="either an encoder"):
         NormRankEmbeddings(model="x", encoder=encoder)
+
+
+def test_index_must_be_searchable():
+    with pytest.raises(ValueError, match="index"):
+        NormRankRetriever(index=object(), k=2)

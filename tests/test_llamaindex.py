@@ -256,6 +256,8 @@ async def test_first_stage_retriever(index, ids):
     assert len(NormRankRetriever(index, similarity_top_k=500).retrieve(q)) == len(index)
     with pytest.raises(InvalidArgumentError):
         NormRankRetriever(index, similarity_top_k=0)
+    with pytest.raises(InvalidArgumentError, match="index must be"):
+        NormRankRetriever(object())
 
 
 def test_retriever_builders(encoder, tmp_path, index):

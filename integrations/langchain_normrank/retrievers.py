@@ -12,7 +12,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -27,6 +27,18 @@ from normrank.store import NormIndex
 
 #: Metadata keys the retriever adds to every document it returns.
 SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
+
+
+@runtime_checkable
+class SearchableIndex(Protocol):
+    """What the adapter needs of an index: :class:`normrank.NormIndex`, or the pgvector backend's index."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
+
+    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
 def hit_to_document(hit: Hit) -> Document:
@@ -58,7 +70,7 @@ class NormRankRetriever(BaseRetriever):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    index: NormIndex = Field(description="The normrank index to search.")
+    index: SearchableIndex = Field(description="The normrank index to search (NormIndex or pgvector).")
     k: int = Field(4, gt=0, description="Documents returned per query.")
     filter: dict[str, Any] | None = Field(None, description="Metadata filter: key -> value or list of values.")
 
@@ -151,11 +163,13 @@ class NormRankRetriever(BaseRetriever):
         params = super()._get_ls_params(**kwargs)
         params["ls_vector_store_provider"] = type(self.index).__name__
         params["ls_embedding_provider"] = RawEncoder.__name__
-        params["ls_embedding_model"] = self.index.encoder.model_name
+        encoder = getattr(self.index, "encoder", None)
+        if encoder is not None:
+            params["ls_embedding_model"] = encoder.model_name
         return params
 
 
-def add_documents(index: NormIndex, documents: Sequence[Document]) -> list[str]:
+def add_documents(index: SearchableIndex, documents: Sequence[Document]) -> list[str]:
     """Add LangChain documents to a ``NormIndex``; returns their ids (new ones where ``Document.id`` is unset)."""
     docs = list(documents)
     if not docs:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -24,6 +24,18 @@ from normrank.store import MetadataFilter, NormIndex
 
 #: Metadata keys normrank adds to nodes; excluded from LLM and embedding views.
 SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
+
+
+@runtime_checkable
+class SearchableIndex(Protocol):
+    """What the adapter needs of an index: :class:`normrank.NormIndex`, or the pgvector backend's index."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
+
+    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
 def explanation(hit: Hit) -> dict[str, float]:
@@ -56,14 +68,14 @@ class NormRankRetriever(BaseRetriever):
 
     def __init__(
         self,
-        index: NormIndex,
+        index: SearchableIndex,
         similarity_top_k: int = 10,
         *,
         filter: MetadataFilter | None = None,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
-        if not isinstance(index, NormIndex):
+        if not isinstance(index, SearchableIndex):
             raise InvalidArgumentError(f"index must be a normrank.NormIndex, got {type(index).__name__}")
         self.index = index
         self.similarity_top_k = _check_k(similarity_top_k)
@@ -135,7 +147,7 @@ class NormRankRetriever(BaseRetriever):
         return await asyncio.to_thread(self._retrieve, query_bundle)
 
 
-def add_nodes(index: NormIndex, nodes: Sequence[BaseNode]) -> list[str]:
+def add_nodes(index: SearchableIndex, nodes: Sequence[BaseNode]) -> list[str]:
     """Add LlamaIndex documents or nodes to a ``NormIndex`` by their text; the nodes are not changed."""
     items = list(nodes)
     if not items:
