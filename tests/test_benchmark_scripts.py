@@ -1,0 +1,72 @@
+"""Each benchmark script runs end to end on a tiny input and writes its report (no timing asserts)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quality_tiny_on_a_collection_slice(data_dir, tmp_path, encoder):
+    quality = _load("quality")
+    assert quality.main(["--tiny", "--data", str(data_dir), "--collections", "cranfield", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "quality.md").read_text()
+    assert "| cranfield-tiny | cosine |" in md and "| cranfield-tiny | prune 10% |" in md
+    for run in ("bm25", "rawdot", "normrank", "calibrated multiplicative forced", "raw tiebreak"):
+        assert f"| cranfield-tiny | {run} |" in md
+    assert (tmp_path / "quality_cranfield-tiny.png").read_bytes()[:4] == b"\x89PNG"
+    res = json.loads((tmp_path / "quality.json").read_text())["results"][0]
+    rows = {r["run"]: r for r in res["rows"]}
+    # the shipped blend is never significantly worse than cosine; pruning can only lose recall
+    nr = rows["normrank"]["t_ndcg"]
+    assert nr["p"] >= 0.05 or nr["delta"] > 0
+    assert rows["prune 10%"]["recall@100"] <= rows["prune 5%"]["recall@100"] + 1e-12
+
+
+def test_quality_slice_keeps_judged_documents(data_dir, tmp_path):
+    quality = _load("quality")
+    out = quality.write_slice(data_dir / "cranfield", tmp_path / "slice", n_docs=120, n_queries=10)
+    from normrank.datasets import load_beir
+
+    ds = load_beir(out, "test")
+    assert len(ds.corpus) == 120 and 1 <= len(ds.queries) <= 10
+    assert all(d in ds.corpus for docs in ds.qrels.values() for d in docs)
+
+
+def test_quality_demo_collection_without_data(tmp_path):
+    quality = _load("quality")
+    out = quality.write_demo_collection(tmp_path / "demo")
+    from normrank.datasets import load_beir
+
+    ds = load_beir(out, "test")
+    assert len(ds.corpus) == len(ds.queries) == sum(len(v) for v in ds.qrels.values())
+
+
+def test_speed_tiny(tmp_path, encoder):
+    speed = _load("speed")
+    assert speed.main(["--tiny", "--out", str(tmp_path), "--omp-threads", "1"]) == 0
+    md = (tmp_path / "speed.md").read_text()
+    for heading in ("## 1. Exact blended top-10", "## 2. HNSW", "## 3. Raw encoder", "## 4. Bytes per document"):
+        assert heading in md
+    res = json.loads((tmp_path / "speed.json").read_text())
+    cell = res["search"][0]
+    assert cell["exact_overlap_at_10"] == 1.0  # the blended top-10 is the brute-force one
+    assert cell["hnsw"]["recall_at_10"] > 0.9
+    assert res["encoder"]["min_cosine_raw_vs_stock_direction"] > 0.9999
+    b = res["bytes"]
+    assert b["pad8"]["augmented_dim"] == 392 and b["pad1"]["augmented_dim"] == 385
+    # padding costs exactly 7 more float32 columns per document in the FAISS file
+    assert b["pad8"]["faiss_file_extra_per_doc"] - b["pad1"]["faiss_file_extra_per_doc"] == pytest.approx(28.0)
