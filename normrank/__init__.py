@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from normrank.errors import (
+    BackendError,
     ConfigError,
     DatasetError,
     DimensionMismatchError,
@@ -37,6 +38,7 @@ _LAZY = {
     "RawEncoder": "normrank.encoders",
     "NormCalibrator": "normrank.calibration",
     "NormIndex": "normrank.store",
+    "PgVectorNormIndex": "normrank.pgvector_store",
     "Record": "normrank.store",
     "Weights": "normrank.scoring",
     "Hit": "normrank.scoring",
@@ -61,6 +63,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "__version__",
     *_LAZY,
+    "BackendError",
     "ConfigError",
     "DatasetError",
     "DimensionMismatchError",

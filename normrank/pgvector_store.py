@@ -764,12 +764,9 @@ class PgVectorNormIndex:
                     return [self._search_multiplicative(cur, unit[i], float(w[i]), k, where, params, use_index)
                             for i in range(len(queries))]
                 qcol = query_column(w, self._weights)
-                out = []
-                for i in range(len(queries)):
-                    qaug = np.append(unit[i], np.float32(qcol[i])).astype(np.float32)
-                    rows = self._fetch(cur, qaug, k, where, params, use_index)
-                    out.append(self._hits(rows, float(w[i])))
-                return out
+                qaugs = [np.append(unit[i], np.float32(qcol[i])).astype(np.float32) for i in range(len(queries))]
+                results = self._fetch_many(cur, qaugs, k, where, params, use_index)
+                return [self._hits(rows, float(w[i])) for i, rows in enumerate(results)]
 
     def _where(self, cur: Any, flt: MetadataFilter | None) -> tuple[str | None, dict[str, Any]]:
         if flt is None:
@@ -783,27 +780,49 @@ class PgVectorNormIndex:
             return None, {}
         return _filter_sql(flt)
 
+    def _set_scan(self, cur: Any, indexed: bool, k: int) -> None:
+        """Transaction-local planner settings: the HNSW walk (iterative, wide enough for k) or an exact scan."""
+        if not indexed:
+            cur.execute("SELECT set_config('enable_indexscan', 'off', true)")
+            return
+        iterative = ", set_config('hnsw.iterative_scan', 'strict_order', true)" \
+            if self.pgvector_version >= (0, 8) else ""
+        cur.execute("SELECT set_config('enable_indexscan', 'on', true), "
+                    f"set_config('hnsw.ef_search', %s, true){iterative}", (str(min(max(self.ef_search, k), 1000)),))
+
+    def _fetch_many(self, cur: Any, qaugs: Sequence[np.ndarray], k: int, where: str | None,
+                    params: Mapping[str, Any], use_index: bool) -> list[list[tuple]]:
+        """Top-``k`` rows by inner product with each of ``qaugs``: (seq, id, -score, norm, token_count, text,
+        metadata). The statements go out in one pipeline (one round trip for the batch, not one per query).
+        """
+        def query(indexed: bool) -> Any:
+            order = "dist" if indexed else "dist, seq"
+            return self._sql(f"SELECT seq, id, emb <#> %(q)s AS dist, norm, token_count, text, metadata FROM {{t}} "
+                             f"{'WHERE ' + where if where else ''} ORDER BY {order} LIMIT %(k)s")
+
+        def run(indexed: bool, vectors: Sequence[np.ndarray]) -> list[list[tuple]]:
+            self._set_scan(cur, indexed, k)
+            sql = query(indexed)
+            with self._conn.pipeline():
+                cursors = [self._conn.cursor() for _ in vectors]
+                for c, q in zip(cursors, vectors):
+                    c.execute(sql, {"q": q, "k": int(k), **params})
+            return [c.fetchall() for c in cursors]
+
+        results = run(use_index, qaugs)
+        if use_index:
+            short = [i for i, rows in enumerate(results)
+                     if len(rows) < k and (where is not None or len(rows) < self._count)]
+            if short:
+                logger.debug("the HNSW walk came back short for %d queries: exact scan of the matches", len(short))
+                for i, rows in zip(short, run(False, [qaugs[i] for i in short])):
+                    results[i] = rows
+                self._set_scan(cur, True, k)
+        return results
+
     def _fetch(self, cur: Any, qaug: np.ndarray, k: int, where: str | None, params: Mapping[str, Any],
                use_index: bool) -> list[tuple]:
-        """Top-``k`` rows by inner product with ``qaug``: (seq, id, score, norm, token_count, text, metadata)."""
-        def run(indexed: bool) -> list[tuple]:
-            if indexed:
-                cur.execute("SELECT set_config('enable_indexscan', 'on', true), "
-                            "set_config('hnsw.ef_search', %s, true)", (str(min(max(self.ef_search, k), 1000)),))
-                if self.pgvector_version >= (0, 8):
-                    cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
-            else:
-                cur.execute("SELECT set_config('enable_indexscan', 'off', true)")
-            order = "dist" if indexed else "dist, seq"
-            text = (f"SELECT seq, id, emb <#> %(q)s AS dist, norm, token_count, text, metadata FROM {{t}} "
-                    f"{'WHERE ' + where if where else ''} ORDER BY {order} LIMIT %(k)s")
-            return cur.execute(self._sql(text), {"q": qaug, "k": int(k), **params}).fetchall()
-
-        rows = run(use_index)
-        if use_index and len(rows) < k and (where is not None or len(rows) < self._count):
-            logger.debug("the HNSW walk returned %d of %d rows: exact scan of the matches", len(rows), k)
-            rows = run(False)
-        return rows
+        return self._fetch_many(cur, [qaug], k, where, params, use_index)[0]
 
     def _search_multiplicative(self, cur: Any, unit: np.ndarray, w: float, k: int, where: str | None,
                                params: Mapping[str, Any], use_index: bool) -> list[Hit]:
@@ -854,10 +873,10 @@ class PgVectorNormIndex:
             cos = np.full((nq, depth), -np.inf)
             norms, counts = np.ones((nq, depth)), np.ones((nq, depth), dtype=np.int64)
             doc_ids: list[list[str]] = []
+            qaugs = [np.append(unit[i], np.float32(0.0)).astype(np.float32) for i in range(nq)]
             with self._tx() as cur:
-                for i in range(nq):
-                    qaug = np.append(unit[i], np.float32(0.0)).astype(np.float32)
-                    rows = self._fetch(cur, qaug, depth, None, {}, self.index_type == "hnsw")
+                results = self._fetch_many(cur, qaugs, depth, None, {}, self.index_type == "hnsw")
+                for i, rows in enumerate(results):
                     doc_ids.append([r[1] for r in rows])
                     cos[i, : len(rows)] = [-r[2] for r in rows]
                     norms[i, : len(rows)] = [r[3] for r in rows]
