@@ -419,7 +419,22 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
             if m == "ndcg@10":
                 sig.update(improved=t["improved"], worsened=t["worsened"], unchanged=t["unchanged"])
         out["significance"][f"{name}_vs_cosine"] = sig
-    return out
+    return _json_safe(out)
+
+
+def _json_safe(x: Any) -> Any:
+    """Plain Python types, with NaN/inf (e.g. a t-test on constant differences) as ``None``: strict JSON."""
+    if isinstance(x, dict):
+        return {str(k): _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        return float(x) if np.isfinite(x) else None
+    return x
 
 
 def format_report(result: Mapping[str, Any]) -> str:
