@@ -205,8 +205,8 @@ def _fit_note(fit: dict[str, Any], variant: str) -> str:
             return f"{w['feature'][:3]} tb eps={w['epsilon']:g}{'+' if w['a'] > 0 else '-'}"
         return f"{w['feature'][:3]} {w['mode'][:4]} a={w['a']:+g} b={w['b']:+g}"
 
-    if "folds" in fit:
-        ws = [desc(f[f"applied_{variant}"]) for f in fit["folds"]]
+    if "per_fold" in fit:
+        ws = [desc(f[f"applied_{variant}"]) for f in fit["per_fold"]]
         acc = fit["accepted_folds"]
         distinct = sorted(set(ws))
         shown = "; ".join(distinct[:2]) + (f"; +{len(distinct) - 2} more" if len(distinct) > 2 else "")

@@ -323,7 +323,7 @@ class Evaluator:
         if protocol.train_split:
             fit = {"protocol": protocol.name, "train_split": protocol.train_split, **infos[0]}
         else:
-            fit = {"protocol": protocol.name, "folds": [{"fold": i, **x} for i, x in enumerate(infos)],
+            fit = {"protocol": protocol.name, "per_fold": [{"fold": i, **x} for i, x in enumerate(infos)],
                    "accepted_folds": sum(1 for x in infos if x["accepted"])}
         return runs, fit
 
@@ -450,9 +450,9 @@ def format_report(result: Mapping[str, Any]) -> str:
         lines.append(f"  {name:<10} {m['ndcg@10']:>8.4f} {m['recall@100']:>8.4f} {extra}")
     fit = result["fit"]
     lines.append("")
-    if "folds" in fit:
+    if "per_fold" in fit:
         lines.append(f"fit: {fit['accepted_folds']}/{len(fit['folds'])} folds accepted a norm blend")
-        for f in fit["folds"]:
+        for f in fit["per_fold"]:
             lines.append(f"  fold {f['fold']}: {_weights_str(f['applied'])}: {f['reason']}")
     else:
         lines.append(f"fit on {fit['n_train_queries']} {fit['train_split']} queries: "

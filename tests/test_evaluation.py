@@ -146,9 +146,9 @@ def test_cross_validation_never_fits_on_the_queries_it_evaluates(cran_eval, enco
     ev = _Recording(coll, encoder)
     qids = eval_qids(coll, "test")[:60]
     runs, fit = ev.normrank_variants(Protocol("test", folds=3), qids, {"features": ["calibrated"]})
-    assert len(ev.fitted_on) == 3 and len(fit["folds"]) == 3
+    assert len(ev.fitted_on) == 3 and len(fit["per_fold"]) == 3
     held_all: set[str] = set()
-    for train, info in zip(ev.fitted_on, fit["folds"]):
+    for train, info in zip(ev.fitted_on, fit["per_fold"]):
         held = set(qids) - set(train)
         assert len(held) == info["n_eval_queries"] and len(train) == info["n_train_queries"]
         assert not held & held_all  # each query is held out exactly once
@@ -199,3 +199,32 @@ def test_bm25_baseline_ranks_lexical_matches(cran_eval):
     assert set(run) == set(qids)
     ndcg = np.mean(list(scores(coll.qrels["test"], run, qids)["ndcg@10"].values()))
     assert ndcg > 0.2  # far above random (about 0.005 here)
+
+
+def test_evaluate_train_then_test_on_a_split_folder(data_dir, tmp_path, encoder):
+    """A folder with train and test qrels is evaluated train -> test, and reports as `normrank eval` does."""
+    import shutil
+
+    from normrank.evaluation import evaluate, format_report
+
+    src = data_dir / "cranfield"
+    if not src.is_dir():
+        pytest.skip("cranfield not in the data folder")
+    folder = tmp_path / "cran-split"
+    (folder / "qrels").mkdir(parents=True)
+    shutil.copy(src / "corpus.jsonl", folder / "corpus.jsonl")  # same texts: the cached encodings apply
+    shutil.copy(src / "queries.jsonl", folder / "queries.jsonl")
+    lines = (src / "qrels" / "test.tsv").read_text().splitlines()
+    qids = list(dict.fromkeys(line.split("\t")[0] for line in lines[1:]))
+    train = set(qids[:150])
+    for name, keep in (("train", lambda q: q in train), ("test", lambda q: q not in train)):
+        rows = [line for line in lines[1:] if keep(line.split("\t")[0])]
+        (folder / "qrels" / f"{name}.tsv").write_text("\n".join([lines[0], *rows]) + "\n")
+    res = evaluate(folder, encoder=encoder, show_progress=False)
+    assert res["protocol"] == "train->test"
+    assert res["fit"]["train_split"] == "train" and res["fit"]["n_train_queries"] == len(
+        [q for q in qids[:150] if q in train])
+    assert res["n_queries"] == len(qids) - 150
+    assert set(res["runs"]) == {"cosine", "bm25", "rawdot", "normrank"}
+    text = format_report(res)
+    assert "train queries" in text and "verdict:" in text
