@@ -227,7 +227,7 @@ def test_eval_json_on_a_real_collection(data_dir, capsys, encoder):
     assert isinstance(p, float)
     delta = res["runs"]["normrank"]["ndcg@10"] - res["runs"]["cosine"]["ndcg@10"]
     assert p >= 0.05 or delta > 0  # the fitted blend is never significantly worse than cosine
-    assert len(res["fit"]["folds"]) == 5
+    assert len(res["fit"]["per_fold"]) == 5
     assert res["runs"]["rawdot"]["ndcg@10"] < res["runs"]["cosine"]["ndcg@10"]
 
 
