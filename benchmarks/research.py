@@ -87,7 +87,7 @@ def pooled_vectors(enc: Any, name: str, texts: Sequence[str], part: str) -> dict
     """Every pooling of ``texts`` from one forward pass, cached as .npz beside the normrank cache."""
     from normrank.pooling import POOLINGS
 
-    h = hashlib.sha256(RawFingerprint.of(enc).encode())
+    h = hashlib.sha256(enc.model_fingerprint.encode())
     for t in texts:
         h.update(hashlib.sha256(t.encode()).digest())
     path = cache_dir() / "research" / f"pool_{name}_{part}_{h.hexdigest()[:16]}.npz"
@@ -102,16 +102,6 @@ def pooled_vectors(enc: Any, name: str, texts: Sequence[str], part: str) -> dict
     os.replace(tmp, path)
     logger.info("pooled %s %s (%d texts) in %.0fs", name, part, len(texts), time.time() - t0)
     return out
-
-
-class RawFingerprint:
-    """The encoder's model fingerprint without the pooling suffix (all poolings share one pass)."""
-
-    @staticmethod
-    def of(enc: Any) -> str:
-        from normrank.encoders import RawEncoder
-
-        return RawEncoder.fingerprint.fget(enc)  # type: ignore[attr-defined]
 
 
 # ----------------------------------------------------------------------------- candidates
@@ -421,7 +411,6 @@ def library_fit_scores(p: Prepared, fit_kwargs: dict[str, Any]) -> tuple[np.ndar
 
 def run_rerank(p: Prepared, fams: dict[str, Any], rules: Sequence[str] = RULES,
                lib_configs: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
-    nq = len(p.coll["qids"])
     test_idx = np.sort(np.concatenate([t for _, t in p.coll["splits"]]))
     cos0 = np.where(np.isfinite(p.cands.cosine), p.cands.cosine, -10.0)
     check = np.abs(fast_ndcg(p, cos0) - trec_ndcg(p, cos0)).max()
@@ -447,7 +436,8 @@ def run_rerank(p: Prepared, fams: dict[str, Any], rules: Sequence[str] = RULES,
         fam_out = {"description": desc, "grid_size": len(params), "rules": {}}
         for r in rules:
             res = paired(trec_ndcg(p, final[r], test_idx), base)
-            res["chosen"] = picks[r] if r != "bagged" else f"{sum(len(x) if isinstance(x, list) else 1 for x in picks[r])} rankers"
+            n_rankers = sum(len(x) if isinstance(x, list) else 1 for x in picks[r])
+            res["chosen"] = picks[r] if r != "bagged" else f"{n_rankers} rankers"
             fam_out["rules"][r] = res
         fam_out["oracle"] = paired(trec_ndcg(p, oracle, test_idx), base)
         if len(params) == 2:  # a fixed form with no parameter: report it as is

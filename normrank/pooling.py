@@ -93,8 +93,13 @@ class PooledEncoder(RawEncoder):
         self._vocab_weights: np.ndarray | None = None
 
     @property
+    def model_fingerprint(self) -> str:
+        """The model's fingerprint without the pooling: one forward pass serves every pooling."""
+        return RawEncoder.fingerprint.fget(self)  # type: ignore[attr-defined]
+
+    @property
     def fingerprint(self) -> str:
-        base = super().fingerprint
+        base = self.model_fingerprint
         return hashlib.sha256(f"{base}|pool={self.pooling}|a={self.sif_a}".encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, Any]:
