@@ -8,6 +8,8 @@ replicated, partitioned). Each document row holds the augmented vector
 the blended top-k itself: one inner-product scan (``index_type="flat"``, exact) or one
 HNSW ``vector_ip_ops`` index walk (``index_type="hnsw"``, approximate; ``exact=True``
 turns the index off for a query). No padding is needed: pgvector has no fast-kernel widths.
+The column is stored scaled down (``COLUMN_SCALE``) and the query's scaled up, which keeps
+the inner product and keeps the HNSW graph a cosine graph.
 
 Layout (``table`` defaults to ``normrank_docs``)::
 
@@ -79,6 +81,11 @@ PG_INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw")
 FORMAT_VERSION = 1
 #: pgvector indexes ``vector`` columns of at most 2,000 dimensions.
 MAX_HNSW_DIM = 2000
+#: The norm column is stored times this and the query's divided by it: the same inner product,
+#: but document-to-document distances (which build the HNSW graph) stay nearly cosine. Stored
+#: unscaled, g(d) * g(d') (up to 9 at clip 3) swamps the cosine and wrecks the graph: recall@10
+#: fell to 0.66 at ef_search 40 on SciFact, against 0.99 with the scaled column.
+COLUMN_SCALE = 0.01
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,53}$")
 _INSTALL_HINT = "pip install 'normrank[pgvector]'"
 
@@ -301,6 +308,7 @@ class PgVectorNormIndex:
             "auto_calibrated": self._auto_calibrated, "calibrator": self.calibrator.to_dict(),
             "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
             "column_key": list(self._column_key) if self._column_key else None, "version": self._version,
+            "column_scale": COLUMN_SCALE,
             "encoder": self._encoder.describe() if self._encoder is not None else None,
         })
 
@@ -337,6 +345,9 @@ class PgVectorNormIndex:
             self._load_state(state)
 
     def _load_state(self, state: Mapping[str, Any]) -> None:
+        if state.get("column_scale", COLUMN_SCALE) != COLUMN_SCALE:
+            raise IndexFormatError(f"table {self.table} stores its norm column scaled by {state['column_scale']}, "
+                                   f"this normrank by {COLUMN_SCALE}: rebuild the table with this version")
         if state.get("format_version", 0) > FORMAT_VERSION:
             raise IndexFormatError(f"table {self.table} has state format {state['format_version']}, newer than "
                                    f"this normrank reads ({FORMAT_VERSION}); upgrade normrank")
@@ -543,7 +554,7 @@ class PgVectorNormIndex:
                 column = doc_column(self._shaped_feature(self.calibrator, norms, counts), self._weights.mode)
                 aug = np.empty((n, self._dim + 1), dtype=np.float32)
                 aug[:, : self._dim] = unit
-                aug[:, self._dim] = column
+                aug[:, self._dim] = column * COLUMN_SCALE
                 with cur.copy(self._sql("COPY {t} (id, emb, norm, token_count, text, metadata) "
                                         "FROM STDIN WITH (FORMAT BINARY)")) as cp:
                     cp.set_types(["text", "vector", "float8", "int4", "text", "jsonb"])
@@ -586,7 +597,7 @@ class PgVectorNormIndex:
             norms = np.array([r[1] for r in rows], dtype=np.float64)
             counts = np.array([r[2] for r in rows], dtype=np.int64)
             col = doc_column(self._shaped_feature(self.calibrator, norms, counts), self._weights.mode)
-            col = col.astype(np.float32)
+            col = (col * COLUMN_SCALE).astype(np.float32)
             cur.execute("CREATE TEMP TABLE normrank_column (id text PRIMARY KEY, c real) ON COMMIT DROP")
             with cur.copy("COPY normrank_column (id, c) FROM STDIN WITH (FORMAT BINARY)") as cp:
                 cp.set_types(["text", "float4"])
@@ -764,7 +775,8 @@ class PgVectorNormIndex:
                     return [self._search_multiplicative(cur, unit[i], float(w[i]), k, where, params, use_index)
                             for i in range(len(queries))]
                 qcol = query_column(w, self._weights)
-                qaugs = [np.append(unit[i], np.float32(qcol[i])).astype(np.float32) for i in range(len(queries))]
+                qaugs = [np.append(unit[i], np.float32(qcol[i] / COLUMN_SCALE)).astype(np.float32)
+                         for i in range(len(queries))]
                 results = self._fetch_many(cur, qaugs, k, where, params, use_index)
                 return [self._hits(rows, float(w[i])) for i, rows in enumerate(results)]
 
