@@ -13,10 +13,7 @@ from :meth:`NormRankRanker.calibrate`, or, with none, from each call's candidate
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,27 +22,13 @@ from typing import Any
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from normrank._validation import UNIT_NORM_TOLERANCE
+from normrank.candidate_vectors import CandidateVectorCache, model_setting
 from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_encoder, build_index, build_weights, load_config
-from normrank.encoders import RawEncoder, default_model_path
+from normrank.encoders import RawEncoder
 from normrank.errors import ConfigError, EmptyTextError, InvalidArgumentError
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
-
-
-def model_setting(encoder: RawEncoder) -> str | None:
-    """The ``model`` setting that rebuilds ``encoder``: ``None`` for the bundled model (portable)."""
-    if encoder.model_name in ("in-memory", str(default_model_path())):
-        return None
-    return encoder.model_name
-
-
-def _is_raw(vector: Sequence[float] | None, dim: int) -> bool:
-    if vector is None or len(vector) != dim:
-        return False
-    norm = float(np.linalg.norm(np.asarray(vector, dtype=np.float64)))
-    return np.isfinite(norm) and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
 
 
 def _check_top_k(top_k: Any) -> int:
@@ -104,8 +87,6 @@ class NormRankRanker:
         :raises InvalidArgumentError: ``top_k`` or ``cache_size`` is out of range, or a weight is invalid.
         """
         self.top_k = _check_top_k(top_k)
-        if cache_size < 0:
-            raise InvalidArgumentError(f"cache_size must be >= 0, got {cache_size}")
         self.weights = weights if isinstance(weights, Weights) else Weights(**dict(weights or {}))
         self.calibrator = (NormCalibrator.from_dict(dict(calibrator)) if isinstance(calibrator, Mapping)
                            else calibrator)
@@ -121,8 +102,7 @@ class NormRankRanker:
         self.max_seq_length = max_seq_length
         self.cache_size = cache_size
         self._encoder = encoder
-        self._cache: OrderedDict[tuple[str, str], tuple[np.ndarray, int]] = OrderedDict()
-        self._lock = threading.Lock()
+        self._cache = CandidateVectorCache(cache_size)
 
     # ------------------------------------------------------------ builders
     @classmethod
@@ -192,37 +172,7 @@ class NormRankRanker:
         return self
 
     def _vectors(self, documents: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]:
-        enc = self.encoder
-        dim = enc.dim
-        texts = [d.content or "" for d in documents]
-        for d, t in zip(documents, texts):
-            if not t.strip():
-                raise EmptyTextError(f"document {d.id!r} has no text content; drop it before ranking")
-        keys = [(d.id, hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest())
-                for d, t in zip(documents, texts)]
-        found: dict[int, tuple[np.ndarray, int]] = {}
-        with self._lock:
-            for i, key in enumerate(keys):
-                if key in self._cache:
-                    self._cache.move_to_end(key)
-                    found[i] = self._cache[key]
-        reuse = [i for i in range(len(documents)) if i not in found and _is_raw(documents[i].embedding, dim)]
-        if reuse:
-            for i, c in zip(reuse, enc.token_counts([texts[i] for i in reuse]).tolist()):
-                found[i] = (np.asarray(documents[i].embedding, dtype=np.float32), int(c))
-        todo = [i for i in range(len(documents)) if i not in found]
-        if todo:
-            vectors, counts = enc.encode_with_counts([texts[i] for i in todo])
-            for j, i in enumerate(todo):
-                found[i] = (vectors[j], int(counts[j]))
-        with self._lock:
-            for i, key in enumerate(keys):
-                self._cache[key] = found[i]
-                self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return (np.stack([found[i][0] for i in range(len(documents))]),
-                np.array([found[i][1] for i in range(len(documents))], dtype=np.int64))
+        return self._cache.vectors(self.encoder, [(d.id, d.content or "", d.embedding) for d in documents])
 
     # ------------------------------------------------------------ running
     @component.output_types(documents=list[Document])

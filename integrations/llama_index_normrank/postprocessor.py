@@ -23,10 +23,7 @@ The arithmetic is :func:`normrank.scoring.rescore`, the same the index uses.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,10 +36,10 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from normrank._validation import UNIT_NORM_TOLERANCE
+from normrank.candidate_vectors import CandidateVectorCache, is_raw, model_setting
 from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_encoder, build_index, build_weights, load_config
-from normrank.encoders import RawEncoder, default_model_path
+from normrank.encoders import RawEncoder
 from normrank.errors import ConfigError, EmptyTextError, InvalidArgumentError
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
@@ -50,21 +47,6 @@ from normrank.store import NormIndex
 from llama_index_normrank.retrievers import SCORE_KEYS, explanation, hidden_keys
 
 dispatcher = get_dispatcher(__name__)
-
-
-def model_setting(encoder: RawEncoder) -> str | None:
-    """The ``model`` setting that rebuilds ``encoder``: ``None`` for the bundled model (portable)."""
-    if encoder.model_name in ("in-memory", str(default_model_path())):
-        return None
-    return encoder.model_name
-
-
-def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
-    """True when ``vector`` can stand in for a fresh raw encoding: right dimension, not unit length."""
-    if vector is None or len(vector) != dim:
-        return False
-    norm = float(np.linalg.norm(np.asarray(vector, dtype=np.float64)))
-    return np.isfinite(norm) and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
 
 
 def saved_index(config: NormRankConfig, calibration: str, section: str) -> NormIndex | None:
@@ -108,8 +90,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
     cache_size: int = Field(10_000, ge=0, description="Node vectors kept in memory (by node id + content hash).")
 
     _encoder: RawEncoder | None = PrivateAttr(None)
-    _cache: OrderedDict[tuple[str, str], tuple[np.ndarray, int]] = PrivateAttr(default_factory=OrderedDict)
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _cache: CandidateVectorCache = PrivateAttr(default_factory=CandidateVectorCache)  # sized in __init__
 
     def __init__(self, *, encoder: RawEncoder | None = None, **data: Any) -> None:
         if encoder is not None:
@@ -118,6 +99,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             data.setdefault("device", encoder.device)
             data.setdefault("max_seq_length", encoder.max_seq_length)
         super().__init__(**data)
+        self._cache = CandidateVectorCache(self.cache_size)
         self._encoder = encoder
 
     @classmethod
@@ -175,37 +157,9 @@ class NormRankPostprocessor(BaseNodePostprocessor):
         return vectors[0], int(counts[0])
 
     def _node_vectors(self, nodes: Sequence[NodeWithScore]) -> tuple[np.ndarray, np.ndarray]:
-        dim = self.encoder.dim
-        texts = [n.node.get_content(metadata_mode=self.metadata_mode) for n in nodes]
-        for n, t in zip(nodes, texts):
-            if not t.strip():
-                raise EmptyTextError(f"node {n.node.node_id!r} has no text to embed; drop it before re-ranking")
-        keys = [(n.node.node_id, hashlib.sha256(t.encode("utf-8", "surrogatepass")).hexdigest())
-                for n, t in zip(nodes, texts)]
-        found: dict[int, tuple[np.ndarray, int]] = {}
-        with self._lock:
-            for i, key in enumerate(keys):
-                if key in self._cache:
-                    self._cache.move_to_end(key)
-                    found[i] = self._cache[key]
-        reuse = [i for i in range(len(nodes)) if i not in found and is_raw(nodes[i].node.embedding, dim)]
-        if reuse:
-            counts = self.encoder.token_counts([texts[i] for i in reuse])
-            for i, c in zip(reuse, counts.tolist()):
-                found[i] = (np.asarray(nodes[i].node.embedding, dtype=np.float32), int(c))
-        todo = [i for i in range(len(nodes)) if i not in found]
-        if todo:
-            vectors, counts = self.encoder.encode_with_counts([texts[i] for i in todo])
-            for j, i in enumerate(todo):
-                found[i] = (vectors[j], int(counts[j]))
-        with self._lock:
-            for i, key in enumerate(keys):
-                self._cache[key] = found[i]
-                self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-        return (np.stack([found[i][0] for i in range(len(nodes))]),
-                np.array([found[i][1] for i in range(len(nodes))], dtype=np.int64))
+        items = [(n.node.node_id, n.node.get_content(metadata_mode=self.metadata_mode), n.node.embedding)
+                 for n in nodes]
+        return self._cache.vectors(self.encoder, items, kind="node")
 
     # ------------------------------------------------------------ re-ranking
     def _postprocess_nodes(
