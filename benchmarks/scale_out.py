@@ -65,14 +65,14 @@ def _grow(vecs: np.ndarray, counts: np.ndarray, ids: list[str], copies: int, see
 
 
 def search_bench(args, rows: list[str]) -> None:
+    import faiss
+
     from normrank.cache import cache_dir, cache_key, encode_cached
     from normrank.datasets import default_data_dir, load_beir
     from normrank.encoders import RawEncoder
     from normrank.pgvector_store import PgVectorNormIndex, local_server
     from normrank.scoring import Weights
     from normrank.store import NormIndex
-
-    import faiss
 
     enc = RawEncoder(show_progress=False)
     data = load_beir((args.data or default_data_dir()) / args.collection, "test")
@@ -81,7 +81,7 @@ def search_bench(args, rows: list[str]) -> None:
         raise SystemExit(f"{args.collection} is not in the encoding cache; encode it once first (see module doc)")
     vecs, counts = encode_cached(enc, texts)
     qids = sorted(q for q in data.qrels if q in data.queries)
-    qvecs, qcounts = encode_cached(enc, [data.queries[q] for q in qids])
+    qvecs, _ = encode_cached(enc, [data.queries[q] for q in qids])
     vecs, counts, ids = _grow(vecs, counts, ids, args.copies)
     metas = [{"part": i % 10} for i in range(len(ids))]
     n, nq = len(ids), len(qids)
@@ -198,11 +198,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=RESULTS / "scale_out.md")
     args = p.parse_args()
     load = os.getloadavg()
-    rows = ["# Scale-out: pgvector vs FAISS, Ray vs one process", "",
-            f"Run {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC by `python benchmarks/scale_out.py"
-            f" --collection {args.collection} --copies {args.copies} --encode-docs {args.encode_docs}`; "
-            f"{os.cpu_count()} cores, {platform.python_version()}, load average at start "
-            f"{load[0]:.1f} (the machine is shared: read ratios, not absolute numbers)."]
+    header = (f"Run {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC by `python benchmarks/scale_out.py"
+              f" --collection {args.collection} --copies {args.copies} --encode-docs {args.encode_docs}`; "
+              f"{os.cpu_count()} cores, {platform.python_version()}, load average at start "
+              f"{load[0]:.1f} (the machine is shared: read ratios, not absolute numbers).")
+    rows = ["# Scale-out: pgvector vs FAISS, Ray vs one process", "", header]
     if not args.skip_search:
         search_bench(args, rows)
     if not args.skip_encode:

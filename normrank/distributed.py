@@ -22,6 +22,7 @@ handled here).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -34,7 +35,12 @@ import numpy as np
 
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
-from normrank.errors import DuplicateIdError, EmptyCorpusError, IndexFormatError, InvalidArgumentError
+from normrank.errors import (
+    DuplicateIdError,
+    EmptyCorpusError,
+    IndexFormatError,
+    InvalidArgumentError,
+)
 from normrank.store import _as_metadatas, _check_ids
 
 logger = logging.getLogger(__name__)
@@ -48,7 +54,7 @@ _INSTALL_HINT = "pip install 'normrank[ray]'"
 def _ray() -> Any:
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError as exc:
         raise ImportError(f"distributed encoding needs Ray Data: {_INSTALL_HINT}") from exc
     return ray
@@ -180,7 +186,7 @@ class EncodedCorpus:
             if len(rows):
                 spans.append((pc.min(rows).as_py(), pc.max(rows).as_py(), f))
         spans.sort()
-        disjoint = all(a[1] < b[0] for a, b in zip(spans, spans[1:]))
+        disjoint = all(a[1] < b[0] for a, b in itertools.pairwise(spans))
         if disjoint:
             for _, _, f in spans:
                 yield pq.read_table(f).sort_by("row")

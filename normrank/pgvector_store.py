@@ -43,7 +43,7 @@ import threading
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 
@@ -92,8 +92,8 @@ _INSTALL_HINT = "pip install 'normrank[pgvector]'"
 
 def _psycopg() -> Any:
     try:
-        import psycopg
         import pgvector.psycopg  # noqa: F401
+        import psycopg
     except ImportError as exc:
         raise ImportError(f"the pgvector backend needs psycopg 3 and pgvector: {_INSTALL_HINT}") from exc
     return psycopg
@@ -260,7 +260,7 @@ class PgVectorNormIndex:
         """Close the database connection (the data stays in the database)."""
         self._conn.close()
 
-    def __enter__(self) -> PgVectorNormIndex:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

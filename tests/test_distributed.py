@@ -14,14 +14,35 @@ import pytest
 
 pytest.importorskip("ray.data", reason="distributed encoding needs Ray Data: pip install 'normrank[ray]'")
 
-from .conftest import synthetic  # noqa: E402
-from .test_pgvector import assert_same_ranking  # noqa: E402
+from normrank.calibration import NormCalibrator
+from normrank.distributed import (
+    EncodedCorpus,
+    NormStats,
+    encode_corpus,
+    index_with_ray,
+    init_local_ray,
+)
+from normrank.errors import (
+    DuplicateIdError,
+    EmptyTextError,
+    IndexFormatError,
+    InvalidArgumentError,
+)
+from normrank.scoring import Weights
+from normrank.store import NormIndex
 
-from normrank.calibration import NormCalibrator  # noqa: E402
-from normrank.distributed import EncodedCorpus, NormStats, encode_corpus, index_with_ray, init_local_ray  # noqa: E402
-from normrank.errors import DuplicateIdError, EmptyTextError, IndexFormatError, InvalidArgumentError  # noqa: E402
-from normrank.scoring import Weights  # noqa: E402
-from normrank.store import NormIndex  # noqa: E402
+from .conftest import synthetic
+
+
+def assert_same_ranking(ref, got, tol=1e-5):
+    """Same scores and explanations per rank; ids may swap only between hits that tie within tol."""
+    for a, b in zip(ref, got, strict=True):
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=tol)
+        np.testing.assert_allclose([h.cosine for h in a], [h.cosine for h in b], atol=tol)
+        for ha, hb in zip(a, b, strict=True):
+            assert ha.id == hb.id or abs(ha.score - hb.score) < tol, (ha, hb)
+            if ha.id == hb.id:
+                assert (ha.text, ha.metadata, ha.token_count) == (hb.text, hb.metadata, hb.token_count)
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +77,7 @@ def reference(encoder, demo_texts):
 
 
 def test_ray_encoding_equals_single_process(ray_run, reference, demo_texts):
-    index, corpus, folder = ray_run
+    index, corpus, _ = ray_run
     ref_vecs, ref_counts, ref_ids, ref_metas = reference
     batches = list(corpus.iter_batches(rows=10))
     vecs = np.concatenate([b.vectors for b in batches])

