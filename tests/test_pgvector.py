@@ -285,3 +285,26 @@ def test_clear_errors_for_server_extension_and_table(pg_dsn, table, tmp_path):
         PgVectorNormIndex(pg_dsn, "docs; DROP TABLE x")
     with pytest.raises(InvalidArgumentError, match="flat"):
         PgVectorNormIndex(pg_dsn, "ok_name", index_type="ivf")
+
+
+def test_two_writers_share_one_table(pg_dsn, table):
+    """Two processes' handles on one table: each write starts from the other's state (count, calibration)."""
+    vecs, counts = synthetic(240, 24, seed=5)
+    ids = [f"w{i}" for i in range(240)]
+    a = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.03), index_type="hnsw")
+    a.add_vectors(vecs[:60], counts[:60], ids=ids[:60])
+    b = PgVectorNormIndex(pg_dsn, table)
+    assert (len(b), b.weights, b.index_type) == (60, Weights(a=0.03), "hnsw")
+    b.add_vectors(vecs[60:150], counts[60:150], ids=ids[60:150])  # 150 >= 2 x 60: recalibrates
+    a.add_vectors(vecs[150:], counts[150:], ids=ids[150:])
+    with pytest.raises(DuplicateIdError):
+        b.add_vectors(vecs[:1], counts[:1], ids=["w200"])
+    ref = NormIndex(dim=24, weights=Weights(a=0.03))
+    for s, e in ((0, 60), (60, 150), (150, 240)):
+        ref.add_vectors(vecs[s:e], counts[s:e], ids=ids[s:e])
+    assert len(a) == len(b) == 240 and a.ids() == ids
+    assert a.calibrator.to_dict() == b.calibrator.to_dict() == ref.calibrator.to_dict()
+    assert a.search_batch(list(vecs[:15]), 5) == b.search_batch(list(vecs[:15]), 5)
+    assert_same_ranking(ref.search_batch(list(vecs[:15]), 5), b.search_batch(list(vecs[:15]), 5, exact=True))
+    a.close()
+    b.close()
