@@ -14,10 +14,15 @@ other weights instead:
 
 Measured as a first-stage retriever with all-MiniLM-L6-v2 (``benchmarks/research.py``;
 ``benchmarks/results/research.md``). Against mean pooling, nDCG@10 changed on
-cranfield / cisi by: sif +0.006 (p = 0.12) / +0.001; norm +0.000 / -0.013;
-norm2 -0.008 / -0.034 (p = 0.017); inv_norm -0.007 / +0.005. The model was trained
-with mean pooling, so ``mean`` stays the default everywhere. This encoder is an
-opt-in mode, kept so the experiment can be re-run on other models.
+scifact / cranfield / cisi by:
+
+* norm: -0.010 / +0.000 / -0.013;
+* norm2: -0.027 (p = 0.002) / -0.008 / -0.034 (p = 0.017);
+* inv_norm: -0.003 / -0.007 / +0.005;
+* sif: +0.004 / +0.006 / +0.001 (none significant).
+
+The model was trained with mean pooling, so ``mean`` stays the default everywhere.
+This encoder is an opt-in mode, kept so the experiment can be re-run on other models.
 """
 
 from __future__ import annotations
