@@ -721,8 +721,9 @@ collections, from the default fitted configuration. That configuration (`NormInd
 `fitting.fit_candidates` with its never-harm gate) gives **+0.0000 on scifact, -0.0002 on cranfield
 (p = 0.81; 1 fold of 5 accepted a blend) and +0.0000 on cisi**: -0.0001 on average, and no collection is
 worse. The real `NormIndex.fit` followed by exact `NormIndex.search` gives the same numbers (section 6).
-The default is unchanged: it is the only rule with no loss anywhere, and none of the alternatives below
-shows a gain that holds up out of sample.
+The default is unchanged. Of the library configurations tried (section 2), only it and the "all three
+modes" variant lose nothing anywhere, and none of the alternatives below shows a gain that holds up out
+of sample.
 
 * **Ceiling.** Even when it is tuned on the evaluation queries themselves (the `oracle` column), the best
   norm form gains only +0.014 on scifact, +0.011 on cranfield and +0.026 on cisi. These come from the
@@ -742,8 +743,9 @@ shows a gain that holds up out of sample.
   - The raw dot product `cos * ||d||`: -0.038 / -0.130 / -0.127 (all p < 0.002).
   - On cisi: vMF with the calibrated feature, -0.0087 (1se, p = 0.010) and -0.0101 (bagged, p = 0.033);
     norm-weighted pseudo-relevance feedback, -0.0145 (p = 0.020).
-  - Gated weights `a sigmoid(beta (g_q - tau))`: -0.0036 / -0.0027 on cisi, -0.0010 / -0.0014 on
-    cranfield (argmax, n.s.). The gate adds nothing over the plain query-conditioned weight.
+  - Gated weights `a sigmoid(beta (g_q - tau))`, argmax fit: -0.0036 / -0.0027 on cisi and
+    -0.0010 / -0.0014 on cranfield, against +0.0035 / +0.0045 on scifact (all n.s.). The gate adds
+    nothing over the plain query-conditioned weight.
 * **A pattern, too weak to ship.**
   - Forms on the raw (length-carrying) feature lean positive on all three collections, e.g.
     query-conditioned raw (bagged) +0.0032 / +0.0029 / +0.0049, and the length prior (bagged)
