@@ -36,6 +36,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 _LAZY = {
     "RawEncoder": "normrank.encoders",
+    "PooledEncoder": "normrank.pooling",
     "NormCalibrator": "normrank.calibration",
     "NormIndex": "normrank.store",
     "PgVectorNormIndex": "normrank.pgvector_store",

@@ -28,6 +28,8 @@ class EncoderConfig(_Section):
     device: str = "cpu"
     max_seq_length: int | None = Field(None, gt=0)
     show_progress: bool | None = None
+    pooling: Literal["mean", "norm", "norm2", "inv_norm", "sif"] = Field(
+        "mean", description="mean = the stock model; others weight tokens by their own norms (research option).")
 
 
 class CalibrationConfig(_Section):
@@ -168,8 +170,13 @@ def build_encoder(config: NormRankConfig) -> Any:
     from normrank.encoders import RawEncoder
 
     e = config.encoder
-    return RawEncoder(e.model, batch_size=e.batch_size, device=e.device, max_seq_length=e.max_seq_length,
-                      show_progress=e.show_progress)
+    options = {"batch_size": e.batch_size, "device": e.device, "max_seq_length": e.max_seq_length,
+               "show_progress": e.show_progress}
+    if e.pooling != "mean":
+        from normrank.pooling import PooledEncoder
+
+        return PooledEncoder(e.model, pooling=e.pooling, **options)
+    return RawEncoder(e.model, **options)
 
 
 def build_weights(config: NormRankConfig) -> Any:

@@ -153,3 +153,15 @@ def test_research_harness_tiny_run(data_dir, tmp_path, cranfield):
             assert 0.0 <= r["ndcg"] <= 1.0 and r["up"] + r["down"] <= r["n"]
     assert res["qpp"]["adaptive_k"]["10"]["fixed"]["mean_k"] == 10
     assert set(res["prune"]["rules"])
+
+
+def test_yaml_pooling_option_builds_the_pooled_encoder():
+    from normrank import ConfigError, PooledEncoder, RawEncoder
+    from normrank.config import build_encoder, load_config
+
+    pooled = build_encoder(load_config({"encoder": {"pooling": "sif"}}))
+    assert isinstance(pooled, PooledEncoder) and pooled.pooling == "sif"
+    stock = build_encoder(load_config({}))
+    assert type(stock) is RawEncoder
+    with pytest.raises(ConfigError, match="encoder.pooling.*'mean', 'norm', 'norm2', 'inv_norm' or 'sif'"):
+        load_config({"encoder": {"pooling": "max"}})
