@@ -40,7 +40,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -49,7 +48,7 @@ import numpy as np
 
 from normrank._validation import as_matrix, check_norm_signal
 from normrank.calibration import FEATURES, NormCalibrator
-from normrank.encoders import RawEncoder, check_texts
+from normrank.encoders import RawEncoder
 from normrank.errors import (
     BackendError,
     ConfigError,
@@ -62,9 +61,9 @@ from normrank.errors import (
 )
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
 from normrank.store import (
+    BlendIndexBase,
     CandidateSet,
     MetadataFilter,
-    NormIndex,
     Record,
     _as_counts,
     _as_metadatas,
@@ -144,7 +143,7 @@ def _filter_sql(flt: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     return " AND ".join(parts), params
 
 
-class PgVectorNormIndex:
+class PgVectorNormIndex(BlendIndexBase):
     """A PostgreSQL + pgvector store of raw-norm-aware documents (same API as ``NormIndex``).
 
     Parameters
@@ -402,20 +401,6 @@ class PgVectorNormIndex:
 
     # ------------------------------------------------------------ properties
     @property
-    def encoder(self) -> RawEncoder:
-        if self._encoder is None:
-            self._encoder = RawEncoder()
-        return self._encoder
-
-    @property
-    def dim(self) -> int | None:
-        return self._dim
-
-    @property
-    def weights(self) -> Weights:
-        return self._weights
-
-    @property
     def augmented_dim(self) -> int:
         if self._dim is None:
             raise EmptyCorpusError("the index is empty: its dimension is not known yet")
@@ -445,13 +430,6 @@ class PgVectorNormIndex:
         return (f"PgVectorNormIndex(table={self.table!r}, n={self._count}, dim={self._dim}, "
                 f"index_type={self.index_type!r}, weights={self._weights})")
 
-    # Query handling and feature shaping are NormIndex's own methods: one implementation for both backends.
-    _encode_texts = NormIndex._encode_texts
-    _encode_queries = NormIndex._encode_queries
-    _query_weights = NormIndex._query_weights
-    _shaped_feature = NormIndex._shaped_feature
-    _current_column_key = NormIndex._current_column_key
-
     # ------------------------------------------------------------ building
     @classmethod
     def from_texts(
@@ -473,33 +451,10 @@ class PgVectorNormIndex:
         index.add_texts(texts, ids=ids, metadatas=metadatas, show_progress=show_progress)
         return index
 
-    def add_texts(
-        self,
-        texts: Sequence[str],
-        ids: Sequence[str] | None = None,
-        metadatas: Sequence[Mapping[str, Any]] | None = None,
-        *,
-        show_progress: bool | None = None,
-    ) -> list[str]:
-        """Encode and add texts; returns their ids (new uuids where none are given)."""
-        items = check_texts(texts)
-        if not items:
-            raise EmptyCorpusError("no texts given")
-        new_ids = self._precheck_ids(ids, len(items))
-        vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
-        return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
-
     def _precheck_ids(self, ids: Sequence[str] | None, n: int, cur: Any = None) -> list[str]:
+        out = self._batch_ids(ids, n)
         if ids is None:
-            return [uuid.uuid4().hex for _ in range(n)]
-        out = _check_ids(ids)
-        if len(out) != n:
-            raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
-        seen: set[str] = set()
-        for x in out:
-            if x in seen:
-                raise DuplicateIdError(f"id {x!r} is given twice in this batch")
-            seen.add(x)
+            return out
         if self._exists:
             with contextlib.ExitStack() as stack:
                 if cur is None:

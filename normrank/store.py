@@ -120,7 +120,126 @@ def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
     return True
 
 
-class NormIndex:
+class BlendIndexBase:
+    """What every normrank store shares, whatever holds the vectors (FAISS here, PostgreSQL in
+    :mod:`normrank.pgvector_store`): the encoder, the weights, query encoding and weighting, and the
+    norm column's shaping. One implementation, so the backends cannot drift apart.
+
+    Subclasses set ``_encoder``, ``_dim``, ``_weights``, ``calibrator`` and ``query_calibrator`` and
+    implement ``add_vectors`` and ``_precheck_ids`` (which calls :meth:`_batch_ids`).
+    """
+
+    _encoder: RawEncoder | None
+    _dim: int | None
+    _weights: Weights
+    calibrator: NormCalibrator
+    query_calibrator: NormCalibrator | None
+
+    # ------------------------------------------------------------ properties
+    @property
+    def encoder(self) -> RawEncoder:
+        if self._encoder is None:
+            self._encoder = RawEncoder()
+        return self._encoder
+
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    @property
+    def weights(self) -> Weights:
+        return self._weights
+
+    def _batch_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
+        """New uuids, or the given ids checked for type, count and duplicates within the batch."""
+        if ids is None:
+            return [uuid.uuid4().hex for _ in range(n)]
+        out = _check_ids(ids)
+        if len(out) != n:
+            raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
+        seen: set[str] = set()
+        for x in out:
+            if x in seen:
+                raise DuplicateIdError(f"id {x!r} is given twice in this batch")
+            seen.add(x)
+        return out
+
+    def add_texts(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        show_progress: bool | None = None,
+    ) -> list[str]:
+        """Encode and add texts; returns their ids (new uuids where none are given)."""
+        items = check_texts(texts)
+        if not items:
+            raise EmptyCorpusError("no texts given")
+        new_ids = self._precheck_ids(ids, len(items))  # fail before the (slow) encoding
+        vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
+        return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
+
+    def _shaped_feature(self, cal: NormCalibrator, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return self._weights.shape(cal.transform(norms, counts, self._weights.feature))
+
+    def _current_column_key(self) -> tuple[Any, ...]:
+        w = self._weights
+        return (w.feature, w.clip, w.squash, w.mode == "tiebreak", json.dumps(self.calibrator.to_dict()))
+
+    def _encode_texts(self, queries: Sequence[str | np.ndarray]) -> tuple[Any, Any]:
+        """Encode the text queries; needs no index state, so searches call it before taking the lock."""
+        texts = [q for q in queries if isinstance(q, str)]
+        return self.encoder.encode_with_counts(texts) if texts else (None, None)
+
+    def _encode_queries(
+        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None,
+        encoded: tuple[Any, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unit query vectors, raw norms and token counts (counts -1 where unknown)."""
+        if token_counts is not None and len(token_counts) != len(queries):
+            raise InvalidArgumentError(f"{len(token_counts)} query token counts for {len(queries)} queries")
+        enc_vecs, enc_counts = encoded if encoded is not None else self._encode_texts(queries)
+        rows, counts = [], []
+        t = 0
+        for i, q in enumerate(queries):
+            if isinstance(q, str):
+                rows.append(enc_vecs[t])
+                counts.append(int(enc_counts[t]))
+                t += 1
+            else:
+                rows.append(np.asarray(q, dtype=np.float32).ravel())
+                given = None if token_counts is None else token_counts[i]
+                counts.append(-1 if given is None else int(given))
+        if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
+            bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
+            raise DimensionMismatchError(f"dimension mismatch: query has dimension {bad}, the index {self._dim}")
+        mat = as_matrix(np.stack(rows), self._dim)
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
+
+    def _query_weights(self, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        w = self._weights
+        if w.b == 0.0:
+            return np.full(norms.shape, w.a, dtype=np.float64)
+        if np.any(counts < 1):
+            raise InvalidArgumentError(
+                "a query vector was given without its token count, which the query-conditioned weight "
+                "(b != 0) needs: pass query_token_count, or search with the query text"
+            )
+        if np.any(np.abs(norms - 1.0) < 1e-3):
+            raise UnitNormError(
+                "a query vector is unit length, so its norm cannot set the query-conditioned weight (b != 0): "
+                "search with the query text, or pass a raw vector from normrank.RawEncoder"
+            )
+        cal = self.query_calibrator
+        if cal is None:
+            logger.warning("no query calibration: using the document calibration for query features")
+            cal = self.calibrator
+        return w.query_weight(cal.transform(norms, counts, w.feature))
+
+
+class NormIndex(BlendIndexBase):
     """A FAISS-backed store of raw-norm-aware documents.
 
     Parameters
@@ -180,21 +299,6 @@ class NormIndex:
         self._column_key: tuple[Any, ...] | None = None
         self._lock = threading.RLock()
 
-    # ------------------------------------------------------------ properties
-    @property
-    def encoder(self) -> RawEncoder:
-        if self._encoder is None:
-            self._encoder = RawEncoder()
-        return self._encoder
-
-    @property
-    def dim(self) -> int | None:
-        return self._dim
-
-    @property
-    def weights(self) -> Weights:
-        return self._weights
-
     @property
     def augmented_dim(self) -> int:
         if self._dim is None:
@@ -234,35 +338,12 @@ class NormIndex:
         index.add_texts(texts, ids=ids, metadatas=metadatas, show_progress=show_progress)
         return index
 
-    def add_texts(
-        self,
-        texts: Sequence[str],
-        ids: Sequence[str] | None = None,
-        metadatas: Sequence[Mapping[str, Any]] | None = None,
-        *,
-        show_progress: bool | None = None,
-    ) -> list[str]:
-        """Encode and add texts; returns their ids (new uuids where none are given)."""
-        items = check_texts(texts)
-        if not items:
-            raise EmptyCorpusError("no texts given")
-        self._precheck_ids(ids, len(items))
-        vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
-        return self.add_vectors(vectors, counts, ids=ids, texts=items, metadatas=metadatas)
-
     def _precheck_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
-        if ids is None:
-            return [uuid.uuid4().hex for _ in range(n)]
-        out = _check_ids(ids)
-        if len(out) != n:
-            raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
-        seen: set[str] = set()
-        for x in out:
-            if x in seen:
-                raise DuplicateIdError(f"id {x!r} is given twice in this batch")
-            if x in self._by_id:
-                raise DuplicateIdError(f"id {x!r} is already in the index; delete it first to replace it")
-            seen.add(x)
+        out = self._batch_ids(ids, n)
+        if ids is not None:
+            for x in out:
+                if x in self._by_id:
+                    raise DuplicateIdError(f"id {x!r} is already in the index; delete it first to replace it")
         return out
 
     def add_vectors(
@@ -350,13 +431,6 @@ class NormIndex:
         out[:, : self._dim] = unit
         out[:, self._dim] = np.asarray(column, dtype=np.float64) / s if query else np.asarray(column) * s
         return out
-
-    def _shaped_feature(self, cal: NormCalibrator, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        return self._weights.shape(cal.transform(norms, counts, self._weights.feature))
-
-    def _current_column_key(self) -> tuple[Any, ...]:
-        w = self._weights
-        return (w.feature, w.clip, w.squash, w.mode == "tiebreak", json.dumps(self.calibrator.to_dict()))
 
     # ------------------------------------------------------------ changing
     def delete(self, ids: Iterable[str]) -> int:
@@ -453,57 +527,6 @@ class NormIndex:
         self._column_key = self._current_column_key()
 
     # ------------------------------------------------------------ searching
-    def _encode_texts(self, queries: Sequence[str | np.ndarray]) -> tuple[Any, Any]:
-        """Encode the text queries; needs no index state, so searches call it before taking the lock."""
-        texts = [q for q in queries if isinstance(q, str)]
-        return self.encoder.encode_with_counts(texts) if texts else (None, None)
-
-    def _encode_queries(
-        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None,
-        encoded: tuple[Any, Any] | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Unit query vectors, raw norms and token counts (counts -1 where unknown)."""
-        if token_counts is not None and len(token_counts) != len(queries):
-            raise InvalidArgumentError(f"{len(token_counts)} query token counts for {len(queries)} queries")
-        enc_vecs, enc_counts = encoded if encoded is not None else self._encode_texts(queries)
-        rows, counts = [], []
-        t = 0
-        for i, q in enumerate(queries):
-            if isinstance(q, str):
-                rows.append(enc_vecs[t])
-                counts.append(int(enc_counts[t]))
-                t += 1
-            else:
-                rows.append(np.asarray(q, dtype=np.float32).ravel())
-                given = None if token_counts is None else token_counts[i]
-                counts.append(-1 if given is None else int(given))
-        if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
-            bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
-            raise DimensionMismatchError(f"dimension mismatch: query has dimension {bad}, the index {self._dim}")
-        mat = as_matrix(np.stack(rows), self._dim)
-        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
-
-    def _query_weights(self, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
-        w = self._weights
-        if w.b == 0.0:
-            return np.full(norms.shape, w.a, dtype=np.float64)
-        if np.any(counts < 1):
-            raise InvalidArgumentError(
-                "a query vector was given without its token count, which the query-conditioned weight "
-                "(b != 0) needs: pass query_token_count, or search with the query text"
-            )
-        if np.any(np.abs(norms - 1.0) < 1e-3):
-            raise UnitNormError(
-                "a query vector is unit length, so its norm cannot set the query-conditioned weight (b != 0): "
-                "search with the query text, or pass a raw vector from normrank.RawEncoder"
-            )
-        cal = self.query_calibrator
-        if cal is None:
-            logger.warning("no query calibration: using the document calibration for query features")
-            cal = self.calibrator
-        return w.query_weight(cal.transform(norms, counts, w.feature))
-
     def search(
         self,
         query: str | np.ndarray,
