@@ -46,7 +46,7 @@ from typing import Any, Literal, Self
 
 import numpy as np
 
-from normrank._validation import as_matrix, check_norm_signal
+from normrank._validation import as_matrix
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.encoders import RawEncoder
 from normrank.errors import (
@@ -65,10 +65,7 @@ from normrank.store import (
     CandidateSet,
     MetadataFilter,
     Record,
-    _as_counts,
-    _as_metadatas,
     _check_ids,
-    _check_unit,
 )
 
 logger = logging.getLogger(__name__)
@@ -477,20 +474,9 @@ class PgVectorNormIndex(BlendIndexBase):
 
         with self._lock:
             self._sync()
-            mat = as_matrix(vectors, self._dim)
+            mat, norms, counts, text_list, metas = self._check_batch(
+                vectors, token_counts, texts, metadatas, empty=not self._count)
             n = mat.shape[0]
-            norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-            check_norm_signal(norms) if not self._count else _check_unit(norms)
-            counts = _as_counts(token_counts)
-            if counts.size != n:
-                raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
-            text_list = list(texts) if texts is not None else [None] * n
-            if len(text_list) != n:
-                raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
-            for i, t in enumerate(text_list):
-                if t is not None and not isinstance(t, str):
-                    raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
-            metas = _as_metadatas(metadatas, n)
             if ids is None:
                 new_ids = self._precheck_ids(None, n)
             with self._tx(write=True) as cur:

@@ -164,6 +164,26 @@ class BlendIndexBase:
             seen.add(x)
         return out
 
+    def _check_batch(
+        self, vectors: np.ndarray, token_counts: Sequence[int] | np.ndarray,
+        texts: Sequence[str | None] | None, metadatas: Sequence[Mapping[str, Any]] | None, *, empty: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None], list[dict[str, Any]]]:
+        """Validate a batch for ``add_vectors`` before anything is stored: matrix, norms, counts, texts, metadata."""
+        mat = as_matrix(vectors, self._dim)
+        n = mat.shape[0]
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        check_norm_signal(norms) if empty else _check_unit(norms)
+        counts = _as_counts(token_counts)
+        if counts.size != n:
+            raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
+        text_list = list(texts) if texts is not None else [None] * n
+        if len(text_list) != n:
+            raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
+        for i, t in enumerate(text_list):
+            if t is not None and not isinstance(t, str):
+                raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
+        return mat, norms, counts, text_list, _as_metadatas(metadatas, n)
+
     def add_texts(
         self,
         texts: Sequence[str],
@@ -356,21 +376,10 @@ class NormIndex(BlendIndexBase):
     ) -> list[str]:
         """Add raw (un-normalised) vectors with their token counts. All-or-nothing."""
         with self._lock:
-            mat = as_matrix(vectors, self._dim)
+            mat, norms, counts, text_list, metas = self._check_batch(
+                vectors, token_counts, texts, metadatas, empty=not self._records)
             n = mat.shape[0]
-            norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-            check_norm_signal(norms) if not self._records else _check_unit(norms)
-            counts = _as_counts(token_counts)
-            if counts.size != n:
-                raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
             new_ids = self._precheck_ids(ids, n)
-            text_list = list(texts) if texts is not None else [None] * n
-            if len(text_list) != n:
-                raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
-            for i, t in enumerate(text_list):
-                if t is not None and not isinstance(t, str):
-                    raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
-            metas = _as_metadatas(metadatas, n)
 
             first, fresh = self._dim is None, self._index is None
             if first:
