@@ -6,7 +6,7 @@ repetition (the machine is shared, so absolute numbers drift; ratios much less):
 1. normrank exact blended top-10 (``NormIndex`` flat, additive blend ``a=0.02``, raw query
    vectors in, ``Hit`` objects out) vs FAISS ``IndexFlatIP`` top-10 over the same unit
    vectors (pre-normalised queries in, arrays out), at several sizes of synthetic 384-d
-   vectors, single queries and batches of 64; with ``pad_to`` 8 (default) and 1;
+   vectors, single queries and batches of 64; with ``pad_to`` 8 and 1 (the default since these measurements);
 2. ``index_type="hnsw"``: recall@10 against the exact blended top-10, and throughput;
 3. ``RawEncoder`` throughput vs stock ``SentenceTransformer.encode`` (same texts, same
    batch size);

@@ -228,6 +228,19 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ eval
+def _resolve_collection(name: str, data: str | None) -> str:
+    """A BEIR folder as given, else the collection of that name under ``--data`` / ``$NORMRANK_DATA`` /
+    ``../shared/data``; a folder that exists nowhere is passed on for the loader to name."""
+    from normrank.datasets import default_data_dir
+
+    if Path(name).is_dir():
+        return name
+    root = Path(data) if data else default_data_dir()
+    if root is not None and (root / name).is_dir():
+        return str(root / name)
+    return name
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Cosine vs BM25 vs raw dot vs fitted normrank on a BEIR folder, evaluated queries never fitted."""
     from normrank.config import build_encoder, load_config
@@ -240,7 +253,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f = config.fit
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
                       modes=f.modes)
-    result = evaluate(args.beir_dir, split=args.split, train_split=args.train_split, folds=args.folds,
+    result = evaluate(_resolve_collection(args.beir_dir, args.data), split=args.split, train_split=args.train_split, folds=args.folds,
                       seed=args.seed, encoder=encoder, fit_kwargs=kwargs, show_progress=not args.no_progress)
     print(json.dumps(result) if args.json else format_report(result))
     return 0
@@ -325,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--train-split", help="fit on this qrels split")
     g.add_argument("--folds", type=_positive_int, help="fit by k-fold cross-validation on the evaluated split")
     p.add_argument("--seed", type=int, default=0, help="seed of the fold assignment (default 0)")
+    p.add_argument("--data", help="folder of BEIR collections in which to look up BEIR_DIR by name "
+                   "(default: $NORMRANK_DATA, else ../shared/data when present)")
     p.add_argument("--config", help="normrank.yaml (encoder model and `fit` settings)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -1,8 +1,8 @@
 """``NormIndex``: a FAISS store that keeps the norm and serves the exact blended top-k.
 
 Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
-the mode's norm column (``g(d)`` for the additive blend) and zeros pad the width to a
-multiple of ``pad_to`` (odd widths fall off FAISS's fast kernels). A query
+the mode's norm column (``g(d)`` for the additive blend), optionally zero-padded to a
+multiple of ``pad_to`` (off by default: it measured no faster on faiss-cpu 1.15). A query
 ``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
 search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
 
@@ -273,7 +273,9 @@ class NormIndex(BlendIndexBase):
     index_type:
         ``"flat"`` (exact, default), ``"hnsw"`` or ``"ivf"`` (approximate, faster at scale).
     pad_to:
-        Round the augmented width up to a multiple of this (8 keeps FAISS on fast kernels).
+        Round the augmented width up to a multiple of this. 1 (no padding) by default: on
+        faiss-cpu 1.15 the 385-wide index searched as fast as a padded 392-wide one and saves
+        28 bytes per document (benchmarks/results/speed.md).
     calibrator, query_calibrator:
         Pre-fitted calibrations; by default the document one is fitted on the first documents
         (and refitted as the corpus doubles) and the query one by :meth:`fit` or
@@ -287,7 +289,7 @@ class NormIndex(BlendIndexBase):
         dim: int | None = None,
         weights: Weights | None = None,
         index_type: IndexType = "flat",
-        pad_to: int = 8,
+        pad_to: int = 1,
         hnsw_m: int = 32,
         ef_construction: int = 200,
         ef_search: int = 128,
@@ -317,6 +319,7 @@ class NormIndex(BlendIndexBase):
         self._next = 0
         self._index: Any = None
         self._column_key: tuple[Any, ...] | None = None
+        self._labels: np.ndarray | None = None  # position -> internal id of an IndexIDMap2, cached
         self._lock = threading.RLock()
 
     @property
@@ -393,6 +396,7 @@ class NormIndex(BlendIndexBase):
                 unit = mat / norms[:, None].astype(np.float32)
                 g = self._shaped_feature(calibrator, norms, counts)
                 self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), internal)
+                self._labels = None
             except Exception:
                 if first:
                     self._dim = None
@@ -456,6 +460,7 @@ class NormIndex(BlendIndexBase):
                 self._tombstones.update(internal.tolist())
             else:
                 self._index.remove_ids(internal)
+                self._labels = None
             for iid in internal.tolist():
                 rec = self._records.pop(iid)
                 del self._by_id[rec.id]
@@ -533,6 +538,7 @@ class NormIndex(BlendIndexBase):
         except BaseException:
             self._index, self._tombstones = old_index, old_tombstones
             raise
+        self._labels = None
         self._column_key = self._current_column_key()
 
     # ------------------------------------------------------------ searching
@@ -602,10 +608,27 @@ class NormIndex(BlendIndexBase):
             else:
                 sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.fromiter(self._tombstones, np.int64)))
             params = self._search_params(sel)
-        scores, ids = self._index.search(qaug, k, params=params) if params else self._index.search(qaug, k)
+        if params is not None:
+            scores, ids = self._index.search(qaug, k, params=params)
+        elif self.index_type == "ivf":
+            scores, ids = self._index.search(qaug, k)
+        else:
+            scores, ids = self._search_unmapped(qaug, k)
         if allowed is not None and self.index_type != "flat" and np.any(ids < 0):
             return self._exact_subset(qaug, k, allowed, scores, ids)
         return scores, ids
+
+    def _search_unmapped(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Search the inner index and map positions to ids in numpy.
+
+        ``IndexIDMap2.search`` translates labels in an OpenMP parallel region on every call;
+        on busy cores waking the second thread cost milliseconds per single query (see
+        benchmarks/results/speed.md). The position -> id array is cached until the index changes.
+        """
+        if self._labels is None:
+            self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+        scores, pos = faiss.downcast_index(self._index.index).search(qaug, k)
+        return scores, np.where(pos >= 0, self._labels[np.maximum(pos, 0)], -1)
 
     def _search_params(self, sel: Any) -> Any:
         if self.index_type == "hnsw":

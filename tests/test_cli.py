@@ -245,3 +245,30 @@ def test_demo_still_runs(tmp_path, capsys, encoder):
     assert main(["demo", "--out", str(tmp_path / "demo"), "--query", "How do vaccines work?", "-k", "2"]) == 0
     out = capsys.readouterr().out
     assert "cosine ranking" in out and "normrank ranking" in out
+
+
+def test_eval_finds_a_collection_by_name_under_data(tmp_path, capsys):
+    """`--data` names a folder of collections; a bare name is looked up there."""
+    import json as _json
+
+    from normrank.cli import main as _main
+
+    root = tmp_path / "collections"
+    coll = root / "tiny"
+    (coll / "qrels").mkdir(parents=True)
+    texts = ["Stars fuse hydrogen into helium in their cores.", "Bread is made from flour, water and yeast.",
+             "Mount Everest is the highest mountain above sea level.", "Vaccines train the immune system.",
+             "The Amazon is the largest river by discharge.", "Quicksort is a fast sorting algorithm on average."]
+    (coll / "corpus.jsonl").write_text("\n".join(_json.dumps({"_id": f"d{i}", "title": "", "text": t})
+                                                 for i, t in enumerate(texts)))
+    qs = ["what do stars burn", "how is bread made", "highest mountain", "how do vaccines work",
+          "largest river", "fast sorting"]
+    (coll / "queries.jsonl").write_text("\n".join(_json.dumps({"_id": f"q{i}", "text": q}) for i, q in enumerate(qs)))
+    (coll / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                             "".join(f"q{i}\td{i}\t1\n" for i in range(len(qs))))
+    assert _main(["eval", "tiny", "--data", str(root), "--folds", "2", "--json", "--no-progress"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    assert out["dataset"] == "tiny" and out["n_queries"] == 6
+    assert out["runs"]["cosine"]["ndcg@10"] > 0.9
+    assert _main(["eval", "no-such-collection", "--data", str(root), "--no-progress"]) == 1
+    assert "no-such-collection" in capsys.readouterr().err
