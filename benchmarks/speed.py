@@ -429,6 +429,15 @@ def markdown(res: dict[str, Any]) -> str:
                  f"{p['faiss_file_extra_per_doc']:.1f} | {p['numeric_sidecar_per_doc']:.1f} | "
                  f"{p['numeric_extra_per_doc']:.1f} | {p['records_jsonl_per_doc']:.1f} | "
                  f"{_verdict(p['numeric_extra_per_doc'] <= 8)} |")
+    one = b.get("pad1")
+    if one:
+        L += ["", f"Where the bytes go with `pad_to=1` (the default): {one['faiss_file_extra_per_doc'] - 8:.0f} for the "
+              "norm column and 8 for FAISS's int64 id map inside `index.faiss`, plus "
+              f"{one['numeric_sidecar_per_doc']:.0f} in side files (float32 norm, uint16 token count). Against a "
+              "plain FAISS store that supports deletes (`IndexIDMap2(IndexFlatIP(384))`, which has the same id "
+              f"map) normrank adds {one['numeric_extra_per_doc'] - 8:.0f} bytes per document; against a bare "
+              f"`IndexFlatIP(384)` it adds {one['numeric_extra_per_doc']:.0f}. Only the side files alone "
+              f"({one['numeric_sidecar_per_doc']:.0f}) are within 8."]
     p = b[f"pad{meta['pads'][0]}"]
     L += ["", "Per file (bytes/doc, pad_to=" + str(meta["pads"][0]) + "): " +
           ", ".join(f"`{k}` {v:.1f}" for k, v in p["files_bytes_per_doc"].items()) + "."]

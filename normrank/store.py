@@ -63,8 +63,7 @@ FORMAT_VERSION = 1
 #: Scale of the stored norm column (a power of two, so exact in float32); see ``NormIndex._augment``.
 COLUMN_SCALE = 2.0 ** -5
 #: Every file a save writes; a manifest that does not list one of them was altered.
-SAVED_FILES = ("index.faiss", "internal_ids.npy", "norms.npy", "token_counts.npy", "tombstones.npy",
-               "records.jsonl", "state.json")
+SAVED_FILES = ("index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "records.jsonl", "state.json")
 MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
 
 
@@ -171,7 +170,8 @@ class BlendIndexBase:
         """Validate a batch for ``add_vectors`` before anything is stored: matrix, norms, counts, texts, metadata."""
         mat = as_matrix(vectors, self._dim)
         n = mat.shape[0]
-        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        # Rounded to float32, the precision a saved index keeps, so save/load changes no score.
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1).astype(np.float32).astype(np.float64)
         check_norm_signal(norms) if empty else _check_unit(norms)
         counts = _as_counts(token_counts)
         if counts.size != n:
@@ -726,10 +726,12 @@ class NormIndex(BlendIndexBase):
 
             def write(folder: Path) -> None:
                 faiss.write_index(self._index, str(folder / "index.faiss"))
+                # Per document beside the FAISS file: a float32 norm (norms are float32-exact, see
+                # _check_batch) and a uint16 token count; the ids are read back from FAISS itself.
                 norms, counts = self._norms_counts(live)
-                np.save(folder / "internal_ids.npy", np.array(live, dtype=np.int64), allow_pickle=False)
-                np.save(folder / "norms.npy", norms.astype(np.float64), allow_pickle=False)
-                np.save(folder / "token_counts.npy", counts.astype(np.int32), allow_pickle=False)
+                np.save(folder / "norms.npy", norms.astype(np.float32), allow_pickle=False)
+                count_type = np.uint16 if counts.size == 0 or counts.max() <= np.iinfo(np.uint16).max else np.int32
+                np.save(folder / "token_counts.npy", counts.astype(count_type), allow_pickle=False)
                 np.save(folder / "tombstones.npy", np.array(sorted(self._tombstones), dtype=np.int64),
                         allow_pickle=False)
                 with open(folder / "records.jsonl", "w", encoding="utf-8") as fh:
@@ -766,13 +768,13 @@ class NormIndex(BlendIndexBase):
         with reading(path, FORMAT_VERSION, SAVED_FILES) as (folder, manifest):
             try:
                 state = json.loads((folder / "state.json").read_text())
-                internal = np.load(folder / "internal_ids.npy", allow_pickle=False)
-                norms = np.load(folder / "norms.npy", allow_pickle=False)
-                counts = np.load(folder / "token_counts.npy", allow_pickle=False)
+                norms = np.load(folder / "norms.npy", allow_pickle=False).astype(np.float64)
+                counts = np.load(folder / "token_counts.npy", allow_pickle=False).astype(np.int64)
                 tombstones = np.load(folder / "tombstones.npy", allow_pickle=False)
                 with open(folder / "records.jsonl", encoding="utf-8") as fh:
                     rows = [json.loads(line) for line in fh]
                 faiss_index = faiss.read_index(str(folder / "index.faiss"))
+                internal = np.setdiff1d(_faiss_ids(faiss_index, state["index_type"]), tombstones)
             except (KeyError, TypeError, ValueError, RuntimeError, OSError) as exc:
                 raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
         try:
@@ -828,6 +830,19 @@ class NormIndex(BlendIndexBase):
         elif index.index_type == "hnsw":
             faiss.downcast_index(index._index.index).hnsw.efSearch = index.ef_search
         return index
+
+
+def _faiss_ids(index: Any, index_type: str) -> np.ndarray:
+    """The ids a FAISS index holds, sorted: records are saved in this order, so no id file is needed."""
+    if index_type == "ivf":
+        ivf = faiss.extract_index_ivf(index)
+        lists = ivf.invlists
+        parts = [faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
+                 for i in range(ivf.nlist) if lists.list_size(i)]
+        ids = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    else:
+        ids = faiss.vector_to_array(index.id_map)
+    return np.sort(ids.astype(np.int64))
 
 
 def _check_unit(norms: np.ndarray) -> None:
