@@ -125,6 +125,10 @@ def blend(cos: np.ndarray, g_shaped: np.ndarray, w: np.ndarray, weights: Weights
     return cos * (1.0 + w * p)
 
 
+#: The keys :meth:`Hit.as_metadata` adds to a framework document: what the adapters expose.
+SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
+
+
 @dataclass(frozen=True)
 class Hit:
     """One result with its explanation; compares by value, so tests can compare runs.
@@ -147,6 +151,11 @@ class Hit:
     def explain(self) -> dict[str, float]:
         return {"cosine": self.cosine, "norm": self.norm, "norm_feature": self.norm_feature,
                 "weight": self.weight, "score": self.score}
+
+    def as_metadata(self) -> dict[str, float]:
+        """The score (as ``relevance_score``) and its parts: the metadata every adapter adds."""
+        return {"relevance_score": self.score, "cosine": self.cosine, "norm_feature": self.norm_feature,
+                "weight": self.weight, "norm": self.norm}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

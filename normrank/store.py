@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import faiss
 import numpy as np
@@ -117,6 +117,18 @@ def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
         elif have != want:
             return False
     return True
+
+
+@runtime_checkable
+class SearchableIndex(Protocol):
+    """What the framework adapters need of an index: :class:`NormIndex`, or the pgvector backend's."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
+
+    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
 class BlendIndexBase:

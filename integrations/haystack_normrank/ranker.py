@@ -199,8 +199,7 @@ class NormRankRanker:
         out = []
         for i in order:
             doc, hit = documents[i], hits[i]
-            meta = {**doc.meta, "relevance_score": hit.score, "cosine": hit.cosine,
-                    "norm_feature": hit.norm_feature, "weight": hit.weight, "norm": hit.norm}
+            meta = {**doc.meta, **hit.as_metadata()}
             if self.keep_retrieval_score:
                 meta["retrieval_score"] = doc.score
             out.append(replace(doc, score=hit.score, meta=meta))

@@ -12,7 +12,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
@@ -23,29 +23,14 @@ from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.errors import InvalidArgumentError
 from normrank.scoring import Hit
-from normrank.store import NormIndex
+from normrank.store import NormIndex, SearchableIndex
 
-#: Metadata keys the retriever adds to every document it returns.
-SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
-
-
-@runtime_checkable
-class SearchableIndex(Protocol):
-    """What the adapter needs of an index: :class:`normrank.NormIndex`, or the pgvector backend's index."""
-
-    def __len__(self) -> int: ...
-
-    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
-
-    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
-                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
 def hit_to_document(hit: Hit) -> Document:
     """A new ``Document`` for a hit: its stored metadata plus the score and its explanation."""
     metadata = dict(hit.metadata)
-    metadata.update(relevance_score=hit.score, cosine=hit.cosine, norm_feature=hit.norm_feature,
-                    weight=hit.weight, norm=hit.norm)
+    metadata.update(hit.as_metadata())
     return Document(page_content=hit.text or "", metadata=metadata, id=hit.id)
 
 

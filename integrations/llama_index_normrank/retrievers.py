@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
@@ -19,29 +19,14 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.errors import InvalidArgumentError
-from normrank.scoring import Hit
-from normrank.store import MetadataFilter, NormIndex
+from normrank.scoring import SCORE_KEYS, Hit
+from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
-#: Metadata keys normrank adds to nodes; excluded from LLM and embedding views.
-SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
-
-
-@runtime_checkable
-class SearchableIndex(Protocol):
-    """What the adapter needs of an index: :class:`normrank.NormIndex`, or the pgvector backend's index."""
-
-    def __len__(self) -> int: ...
-
-    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
-
-    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
-                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
 def explanation(hit: Hit) -> dict[str, float]:
     """The score and its parts, as metadata."""
-    return {"relevance_score": hit.score, "cosine": hit.cosine, "norm_feature": hit.norm_feature,
-            "weight": hit.weight, "norm": hit.norm}
+    return hit.as_metadata()
 
 
 def hidden_keys(node: BaseNode, keys: Sequence[str]) -> dict[str, list[str]]:
