@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from normrank._validation import UNIT_NORM_TOLERANCE
+from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, default_model_path
 from normrank.errors import EmptyTextError, InvalidArgumentError
 
@@ -37,6 +38,12 @@ def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
         return False
     norm = float(np.linalg.norm(np.asarray(vector, dtype=np.float64)))
     return bool(np.isfinite(norm)) and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
+
+
+def calibrator_from_texts(encoder: RawEncoder, texts: Sequence[str]) -> NormCalibrator:
+    """A document calibration fitted on representative corpus texts (encodes them)."""
+    vectors, counts = encoder.encode_with_counts(list(texts))
+    return NormCalibrator().fit(np.linalg.norm(vectors.astype(np.float64), axis=1), counts)
 
 
 class CandidateVectorCache:

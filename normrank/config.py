@@ -219,3 +219,21 @@ def build_index(source: Any = None) -> Any:
         calibrator=None if config.calibration == CalibrationConfig() else
         NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
     )
+
+
+def saved_index(config: NormRankConfig, calibration: str, section: str) -> Any:
+    """The saved index at ``store.path`` when an adapter section's ``calibration`` wants it, else ``None``.
+
+    ``candidates``: never; ``auto``: when one is saved there; ``index``: required, else ConfigError.
+    """
+    if calibration == "candidates":
+        return None
+    path = config.store.path
+    if path and Path(path).exists():
+        return build_index(config)
+    if calibration == "index":
+        raise ConfigError(
+            f"'{section}.calibration' is 'index' but store.path ({path!r}) holds no saved index; "
+            "save one there, or choose one of: auto, index, candidates"
+        )
+    return None

@@ -16,17 +16,16 @@ import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from normrank.candidate_vectors import CandidateVectorCache, model_setting
+from normrank.candidate_vectors import CandidateVectorCache, calibrator_from_texts, model_setting
 from normrank.calibration import NormCalibrator
-from normrank.config import NormRankConfig, build_encoder, build_index, build_weights, load_config
+from normrank.config import NormRankConfig, build_encoder, build_weights, load_config, saved_index
 from normrank.encoders import RawEncoder
-from normrank.errors import ConfigError, EmptyTextError, InvalidArgumentError
+from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
@@ -124,15 +123,9 @@ class NormRankRanker:
         section = config.haystack
         options = {"top_k": section.top_k, "keep_retrieval_score": section.keep_retrieval_score,
                    "cache_size": section.cache_size}
-        if section.calibration != "candidates":
-            path = config.store.path
-            if path and Path(path).exists():
-                return cls.from_index(build_index(config), **options)
-            if section.calibration == "index":
-                raise ConfigError(
-                    f"'haystack.calibration' is 'index' but store.path ({path!r}) holds no saved index; "
-                    "save one there, or choose one of: auto, index, candidates"
-                )
+        index = saved_index(config, section.calibration, "haystack")
+        if index is not None:
+            return cls.from_index(index, **options)
         return cls(encoder=build_encoder(config), weights=build_weights(config), **options)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,8 +160,7 @@ class NormRankRanker:
 
     def calibrate(self, texts: Sequence[str]) -> NormRankRanker:
         """Fit the document calibration on representative corpus texts (encodes them); returns self."""
-        vectors, counts = self.encoder.encode_with_counts(list(texts))
-        self.calibrator = NormCalibrator().fit(np.linalg.norm(vectors.astype(np.float64), axis=1), counts)
+        self.calibrator = calibrator_from_texts(self.encoder, texts)
         return self
 
     def _vectors(self, documents: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,32 +35,17 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from normrank.candidate_vectors import CandidateVectorCache, is_raw, model_setting
+from normrank.candidate_vectors import CandidateVectorCache, calibrator_from_texts, is_raw, model_setting
 from normrank.calibration import NormCalibrator
-from normrank.config import NormRankConfig, build_encoder, build_index, build_weights, load_config
+from normrank.config import NormRankConfig, build_encoder, build_weights, load_config, saved_index
 from normrank.encoders import RawEncoder
-from normrank.errors import ConfigError, EmptyTextError, InvalidArgumentError
+from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
 from llama_index_normrank.retrievers import SCORE_KEYS, explanation, hidden_keys
 
 dispatcher = get_dispatcher(__name__)
-
-
-def saved_index(config: NormRankConfig, calibration: str, section: str) -> NormIndex | None:
-    """The saved index at ``store.path`` when the section's ``calibration`` wants it, else ``None``."""
-    if calibration == "candidates":
-        return None
-    path = config.store.path
-    if path and Path(path).exists():
-        return build_index(config)
-    if calibration == "index":
-        raise ConfigError(
-            f"'{section}.calibration' is 'index' but store.path ({path!r}) holds no saved index; "
-            "save one there, or choose one of: auto, index, candidates"
-        )
-    return None
 
 
 class NormRankPostprocessor(BaseNodePostprocessor):
@@ -133,8 +117,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
 
     def calibrate(self, texts: Sequence[str]) -> NormRankPostprocessor:
         """Fit the document calibration on representative corpus texts (encodes them); returns self."""
-        vectors, counts = self.encoder.encode_with_counts(list(texts))
-        self.calibrator = NormCalibrator().fit(np.linalg.norm(vectors.astype(np.float64), axis=1), counts)
+        self.calibrator = calibrator_from_texts(self.encoder, texts)
         return self
 
     @property
