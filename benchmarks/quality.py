@@ -117,10 +117,9 @@ def write_slice(src: Path, out: Path, n_docs: int = 200, n_queries: int = 30, se
 def write_demo_collection(out: Path) -> Path:
     """Known-item search over the bundled demo corpus (each title finds its passage): for machines
     without any BEIR collection."""
-    from importlib import resources
+    from normrank.datasets import demo_rows
 
-    rows = [json.loads(x) for x in resources.files("normrank").joinpath("data", "demo_corpus.jsonl")
-            .read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = demo_rows()
     out.mkdir(parents=True, exist_ok=True)
     (out / "qrels").mkdir(exist_ok=True)
     with open(out / "corpus.jsonl", "w", encoding="utf-8") as fh:

@@ -298,10 +298,9 @@ def encoder_texts(n: int) -> list[str]:
         ds = load_beir(d / "cranfield")
         ids, texts, _ = ds.doc_items()
         return texts[:n]
-    from importlib import resources
+    from normrank.datasets import demo_rows
 
-    rows = [json.loads(x) for x in resources.files("normrank").joinpath("data", "demo_corpus.jsonl")
-            .read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = demo_rows()
     texts = [f"{r['title']}\n{r['text']}" for r in rows]
     return (texts * (n // len(texts) + 1))[:n]
 

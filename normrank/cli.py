@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -18,19 +17,15 @@ from normrank.errors import NormRankError
 logger = logging.getLogger(__name__)
 
 
-def _demo_rows(name: str) -> list[dict]:
-    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     """Index the bundled demo corpus and show cosine and normrank rankings side by side."""
     from normrank.cache import cache_dir
+    from normrank.datasets import demo_rows
     from normrank.scoring import Weights
     from normrank.store import NormIndex
 
-    docs = _demo_rows("demo_corpus.jsonl")
-    queries = [q["text"] for q in _demo_rows("demo_queries.jsonl")]
+    docs = demo_rows("demo_corpus.jsonl")
+    queries = [q["text"] for q in demo_rows("demo_queries.jsonl")]
     if args.query:
         queries = args.query
     texts = [f"{d['title']}\n{d['text']}" for d in docs]
@@ -38,7 +33,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else cache_dir() / "demo-index"
     index.save(out)
     index = NormIndex.load(out, encoder=index.encoder)
-    index.calibrate_queries([q["text"] for q in _demo_rows("demo_queries.jsonl")])
+    index.calibrate_queries([q["text"] for q in demo_rows("demo_queries.jsonl")])
     blend = Weights(a=args.a, b=args.b, feature="calibrated")
     print(f"normrank demo: {len(index)} passages, model {index.encoder.model_name}")
     print(f"saved to {out} and reloaded; blend: s = cos + ({args.a:+g} {args.b:+g}*g_q) * g(d), "

@@ -19,6 +19,15 @@ from normrank.errors import DatasetError
 DATA_ENV = "NORMRANK_DATA"
 
 
+def demo_rows(name: str = "demo_corpus.jsonl") -> list[dict]:
+    """Rows of a file of the small demo collection bundled with the package (``demo_corpus.jsonl``,
+    ``demo_queries.jsonl``): the data the demo, the tests and the tiny benchmark runs share."""
+    from importlib import resources
+
+    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def default_data_dir() -> Path | None:
     """``$NORMRANK_DATA``, else ``../shared/data`` beside the checkout or the working folder, if present."""
     env = os.environ.get(DATA_ENV)

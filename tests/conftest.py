@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from normrank.datasets import BeirDataset, default_data_dir, load_beir  # noqa: E402
+from normrank.datasets import BeirDataset, default_data_dir, demo_rows, load_beir  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -74,12 +74,7 @@ def cisi(encoder, data_dir) -> EncodedCollection:
 @pytest.fixture(scope="session")
 def demo_texts() -> list[str]:
     """The small corpus the package ships for its demo (48 passages)."""
-    import json
-    from importlib import resources
-
-    rows = [json.loads(x) for x in resources.files("normrank").joinpath("data", "demo_corpus.jsonl")
-            .read_text(encoding="utf-8").splitlines() if x.strip()]
-    return [f"{r['title']}\n{r['text']}" for r in rows]
+    return [f"{r['title']}\n{r['text']}" for r in demo_rows()]
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -15,26 +14,24 @@ from haystack.components.retrievers.in_memory import InMemoryBM25Retriever  # no
 from haystack.document_stores.in_memory import InMemoryDocumentStore  # noqa: E402
 
 from haystack_normrank import NormRankRanker  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
 from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, Weights  # noqa: E402
 
 SCORE_KEYS = {"relevance_score", "cosine", "norm_feature", "weight", "norm"}
 
 
-def _demo_rows(name: str) -> list[dict]:
-    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 @pytest.fixture(scope="module")
 def ids() -> list[str]:
-    return [d["_id"] for d in _demo_rows("demo_corpus.jsonl")]
+    return [d["_id"] for d in demo_rows("demo_corpus.jsonl")]
 
 
 @pytest.fixture(scope="module")
 def index(encoder, ids, demo_texts, demo_encoded) -> NormIndex:
     idx = NormIndex(encoder, weights=Weights(a=0.03, b=0.02))
     idx.add_vectors(*demo_encoded, ids=ids, texts=demo_texts)
-    idx.calibrate_queries([q["text"] for q in _demo_rows("demo_queries.jsonl")])
+    idx.calibrate_queries([q["text"] for q in demo_rows("demo_queries.jsonl")])
     return idx
 
 

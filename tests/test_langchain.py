@@ -5,8 +5,6 @@ Everything runs on the real bundled model, a real FAISS index and real langchain
 
 from __future__ import annotations
 
-import json
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -17,22 +15,20 @@ from langchain_core.documents import Document  # noqa: E402
 from langchain_tests.integration_tests import RetrieversIntegrationTests  # noqa: E402
 
 from langchain_normrank import NormRankEmbeddings, NormRankRetriever  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
 from normrank import InvalidArgumentError, NormIndex, Weights  # noqa: E402
 
 
-def _demo_rows(name: str) -> list[dict]:
-    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 @pytest.fixture(scope="module")
 def corpus() -> list[dict]:
-    return _demo_rows("demo_corpus.jsonl")
+    return demo_rows("demo_corpus.jsonl")
 
 
 @pytest.fixture(scope="module")
 def queries() -> list[str]:
-    return [q["text"] for q in _demo_rows("demo_queries.jsonl")]
+    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
 
 
 def _build(encoder, corpus, demo_texts, demo_encoded, weights: Weights) -> NormIndex:

@@ -6,7 +6,6 @@ The query engine runs with LlamaIndex's ``MockLLM`` (no network) and the real bu
 from __future__ import annotations
 
 import json
-from importlib import resources
 
 import numpy as np
 import pytest
@@ -21,24 +20,22 @@ from llama_index.core.llms import MockLLM  # noqa: E402
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
 from llama_index_normrank import NormRankEmbedding, NormRankPostprocessor, NormRankRetriever  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
 from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, RawEncoder, Weights  # noqa: E402
 
 SCORE_KEYS = {"relevance_score", "cosine", "norm_feature", "weight", "norm"}
 
 
-def _demo_rows(name: str) -> list[dict]:
-    text = resources.files("normrank").joinpath("data", name).read_text(encoding="utf-8")
-    return [json.loads(x) for x in text.splitlines() if x.strip()]
 
 
 @pytest.fixture(scope="module")
 def ids() -> list[str]:
-    return [d["_id"] for d in _demo_rows("demo_corpus.jsonl")]
+    return [d["_id"] for d in demo_rows("demo_corpus.jsonl")]
 
 
 @pytest.fixture(scope="module")
 def queries() -> list[str]:
-    return [q["text"] for q in _demo_rows("demo_queries.jsonl")]
+    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
 
 
 @pytest.fixture(scope="module")
