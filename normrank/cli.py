@@ -217,7 +217,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     chosen = "plain cosine" if w.is_cosine else f"{w.mode} a={w.a:+g} b={w.b:+g} feature {w.feature}"
     print(f"fitted on {report.n_queries} queries: {chosen}")
     print(f"  {report.reason}")
-    print(f"  cross-validated nDCG@10: cosine {report.cv_cosine_ndcg:.4f}, blend {report.cv_blend_ndcg:.4f}")
+    print(f"  cross-validated nDCG@10: cosine {report.cosine_ndcg:.4f}, blend {report.cv_blend_ndcg:.4f}")
     print(f"saved the weights into {args.index}")
     return 0
 

@@ -49,7 +49,6 @@ class FitReport:
     cosine_ndcg: float
     best_train_ndcg: float
     best_candidate: dict[str, Any]
-    cv_cosine_ndcg: float
     cv_blend_ndcg: float
     cv_gain: float
     p_value: float
@@ -143,10 +142,8 @@ def fit_candidates(
             raise InvalidArgumentError(f"unknown scoring mode {m!r}; choose one of {list(MODES)}")
     if not qids:
         raise EmptyCorpusError("no labelled queries to fit on")
-    if not cands.query_features:
-        features_needing_q = [b for b in grid_b if b != 0.0]
-        if features_needing_q:
-            grid_b = (0.0,)
+    if not cands.query_features:  # no query token counts: the query-conditioned part cannot be fitted
+        grid_b = (0.0,)
     grid = _grid(features, modes, grid_a, grid_b, epsilons, base or Weights())
     matrix = score_grid(cands, qids, qrels, grid)
     all_q = np.arange(len(qids))
@@ -171,7 +168,7 @@ def fit_candidates(
     return FitReport(
         weights=chosen, accepted=accepted, reason=reason, n_queries=len(qids),
         cosine_ndcg=float(base_scores.mean()), best_train_ndcg=float(matrix[best].mean()),
-        best_candidate=grid[best].to_dict(), cv_cosine_ndcg=float(base_scores.mean()),
+        best_candidate=grid[best].to_dict(),
         cv_blend_ndcg=float(oof.mean()), cv_gain=gain, p_value=p, folds=folds, grid_size=len(grid),
         per_query_gain=dict(zip(qids, delta.tolist())),
     )
