@@ -1,7 +1,7 @@
 from haystack import Document, Pipeline
 from haystack.components.retrievers.in_memory import InMemoryBM25Retriever
 from haystack.document_stores.in_memory import InMemoryDocumentStore
-from haystack_normrank import NormRankRanker
+from haystack_integrations.components.rankers.normrank import NormRankRanker
 
 texts = [
     "The Eiffel Tower is a wrought-iron lattice tower in Paris.",

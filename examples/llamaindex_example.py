@@ -1,6 +1,7 @@
 from llama_index.core import Document, VectorStoreIndex
 from llama_index.core.llms import MockLLM
-from llama_index_normrank import NormRankEmbedding, NormRankPostprocessor
+from llama_index.embeddings.normrank import NormRankEmbedding
+from llama_index.postprocessor.normrank import NormRankPostprocessor
 
 texts = [
     "The Eiffel Tower is a wrought-iron lattice tower in Paris.",

@@ -90,10 +90,10 @@ def test_a_partial_file_keeps_the_other_defaults(tmp_path):
 
 
 def test_example_file_builds_every_adapter(encoder):
-    from haystack_normrank import NormRankRanker
+    from haystack_integrations.components.rankers.normrank import NormRankRanker
     from langchain_normrank import NormRankRetriever as LangChainRetriever
-    from llama_index_normrank import NormRankPostprocessor
-    from llama_index_normrank import NormRankRetriever as LlamaRetriever
+    from llama_index.postprocessor.normrank import NormRankPostprocessor
+    from llama_index.retrievers.normrank import NormRankRetriever as LlamaRetriever
 
     config = load_config(EXAMPLE)
     lc = LangChainRetriever.from_config(EXAMPLE)
@@ -111,9 +111,9 @@ def test_example_file_builds_every_adapter(encoder):
 
 def test_one_file_configures_everything(tmp_path, encoder, demo_texts, demo_encoded):
     """A saved index plus per-adapter options: every adapter serves that index's blend."""
-    from haystack_normrank import NormRankRanker
+    from haystack_integrations.components.rankers.normrank import NormRankRanker
     from langchain_normrank import NormRankRetriever
-    from llama_index_normrank import NormRankPostprocessor
+    from llama_index.postprocessor.normrank import NormRankPostprocessor
 
     index = NormIndex(encoder, weights=Weights(a=0.02))
     index.add_vectors(*demo_encoded, ids=[f"d{i}" for i in range(len(demo_texts))], texts=demo_texts)

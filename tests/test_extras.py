@@ -16,12 +16,20 @@ MENTION = re.compile(r"normrank\[([A-Za-z0-9_,\- ]+)\]")
 SCANNED = (".py", ".md", ".toml", ".yaml", ".yml", ".txt", ".cfg", ".rst")
 SKIP_DIRS = {".git", "build", "dist", "__pycache__", ".venv", "node_modules"}
 
-#: adapter package -> (framework module it needs, extra that installs it, distribution in that extra)
+INTEGRATIONS = ROOT / "integrations"
+
+#: adapter module -> (framework module it needs, folder in integrations/, distribution that installs it)
 ADAPTERS = {
-    "langchain_normrank": ("langchain_core", "langchain", "langchain-core"),
-    "llama_index_normrank": ("llama_index", "llamaindex", "llama-index-core"),
-    "haystack_normrank": ("haystack", "haystack", "haystack-ai"),
+    "langchain_normrank": ("langchain_core", "langchain", "langchain-normrank"),
+    "llama_index.postprocessor.normrank": ("llama_index.core", "llama-index", "llama-index-normrank"),
+    "llama_index.vector_stores.normrank": ("llama_index.core", "llama-index", "llama-index-normrank"),
+    "llama_index.embeddings.normrank": ("llama_index.core", "llama-index", "llama-index-normrank"),
+    "llama_index.retrievers.normrank": ("llama_index.core", "llama-index", "llama-index-normrank"),
+    "haystack_integrations.components.rankers.normrank": ("haystack", "haystack", "normrank-haystack"),
 }
+#: distribution -> the framework it must pin below its next major (or minor, for 0.x)
+FRAMEWORKS = {"langchain-normrank": "langchain-core", "llama-index-normrank": "llama-index-core",
+              "normrank-haystack": "haystack-ai"}
 
 
 def _extras() -> dict[str, list[str]]:
@@ -48,7 +56,7 @@ def _mentions() -> dict[str, set[str]]:
 
 def test_every_mentioned_extra_exists():
     mentions = _mentions()
-    assert {"langchain", "llamaindex", "haystack"} <= set(mentions)  # the scan does see the adapters' hints
+    assert {"eval", "pgvector", "ray"} <= set(mentions)  # the scan does see the install hints
     unknown = {name: sorted(files) for name, files in mentions.items() if name not in _extras()}
     assert not unknown, f"extras named in the sources but missing from pyproject.toml: {unknown}"
 
@@ -59,24 +67,38 @@ def test_the_scan_would_catch_a_wrong_extra():
     assert "langchian" not in _extras()
 
 
+def _integration(folder: str) -> dict:
+    with open(INTEGRATIONS / folder / "pyproject.toml", "rb") as fh:
+        return tomllib.load(fh)["project"]
+
+
+@pytest.mark.parametrize("dist", sorted(FRAMEWORKS))
+def test_each_integration_is_its_own_distribution_bounding_its_framework(dist):
+    folder = next(f for _, f, d in ADAPTERS.values() if d == dist)
+    project = _integration(folder)
+    assert project["name"] == dist
+    deps = {_dist(r): r for r in project["dependencies"]}
+    assert "normrank" in deps
+    spec = deps[FRAMEWORKS[dist]]
+    assert "<" in spec, f"{spec}: bound the host framework's next breaking release"
+    assert (INTEGRATIONS / folder / "tests").is_dir()
+
+
+def test_requirements_dev_installs_every_integration():
+    lines = (ROOT / "requirements-dev.txt").read_text().splitlines()
+    for folder in {f for _, f, _ in ADAPTERS.values()}:
+        assert any(line.startswith(f"-e ./integrations/{folder}") for line in lines), folder
+
+
+def test_core_needs_no_framework_and_no_eval_library():
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        core = {_dist(r) for r in tomllib.load(fh)["project"]["dependencies"]}
+    assert not core & {"langchain-core", "llama-index-core", "haystack-ai", "pytrec-eval-terrier", "bm25s"}
+
+
 @pytest.mark.parametrize("package", sorted(ADAPTERS))
-def test_each_adapter_extra_installs_its_framework(package):
-    _, extra, dist = ADAPTERS[package]
-    assert dist in {_dist(r) for r in _extras()[extra]}
-    spec = next(r for r in _extras()[extra] if _dist(r) == dist)
-    assert "<" in spec, f"{spec}: bound the host framework's major version"
-
-
-def test_all_includes_every_adapter_extra():
-    extras = _extras()
-    for package, (_, extra, _dist_name) in ADAPTERS.items():
-        missing = set(extras[extra]) - set(extras["all"])
-        assert not missing, f"[all] lacks {sorted(missing)} from [{extra}] ({package})"
-
-
-@pytest.mark.parametrize("package", sorted(ADAPTERS))
-def test_missing_framework_raises_an_import_error_naming_the_extra(package):
-    module, extra, _ = ADAPTERS[package]
+def test_missing_framework_raises_an_import_error_naming_the_distribution(package):
+    module, _, dist = ADAPTERS[package]
     code = (
         "import sys\n"
         f"sys.modules[{module!r}] = None  # as if the framework were not installed\n"
@@ -89,7 +111,21 @@ def test_missing_framework_raises_an_import_error_naming_the_extra(package):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert f'pip install "normrank[{extra}]"' in out.stdout, out.stdout
+    assert f"pip install {dist}" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("old, new", [("llama_index_normrank", "llama_index.postprocessor.normrank"),
+                                      ("haystack_normrank", "haystack_integrations.components.rankers.normrank")])
+def test_old_import_paths_still_work_with_a_deprecation_warning(old, new):
+    code = ("import warnings\nwarnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            f"    import {old} as old_mod\n"
+            f"import {new} as new_mod\n"
+            "print(any(issubclass(w.category, DeprecationWarning) for w in caught))\n"
+            "print(all(getattr(old_mod, n) is getattr(new_mod, n) for n in new_mod.__all__))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"], out.stdout
 
 
 def test_import_normrank_does_not_import_any_framework():

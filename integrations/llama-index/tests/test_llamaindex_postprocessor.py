@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_index.core", reason='needs the llamaindex extra: pip install "normrank[llamaindex]"')
+pytest.importorskip("llama_index.core", reason='needs llama-index-core: pip install llama-index-normrank')
 
 from llama_index.core import VectorStoreIndex  # noqa: E402
 from llama_index.core.instrumentation import get_dispatcher  # noqa: E402
@@ -19,7 +19,9 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.llms import MockLLM  # noqa: E402
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode  # noqa: E402
 
-from llama_index_normrank import NormRankEmbedding, NormRankPostprocessor, NormRankRetriever  # noqa: E402
+from llama_index.embeddings.normrank import NormRankEmbedding
+from llama_index.postprocessor.normrank import NormRankPostprocessor
+from llama_index.retrievers.normrank import NormRankRetriever  # noqa: E402
 from normrank.datasets import demo_rows  # noqa: E402
 from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, RawEncoder, Weights  # noqa: E402
 

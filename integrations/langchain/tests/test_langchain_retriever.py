@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("langchain_core", reason='needs the langchain extra: pip install "normrank[langchain]"')
+pytest.importorskip("langchain_core", reason='needs langchain-core: pip install langchain-normrank')
 
 from langchain_core.documents import Document  # noqa: E402
 from langchain_tests.integration_tests import RetrieversIntegrationTests  # noqa: E402

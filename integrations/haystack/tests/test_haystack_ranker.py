@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("haystack", reason='needs the haystack extra: pip install "normrank[haystack]"')
+pytest.importorskip("haystack", reason='needs haystack-ai: pip install normrank-haystack')
 
 from haystack import Document, Pipeline  # noqa: E402
 from haystack.components.retrievers.in_memory import InMemoryBM25Retriever  # noqa: E402
 from haystack.document_stores.in_memory import InMemoryDocumentStore  # noqa: E402
 
-from haystack_normrank import NormRankRanker  # noqa: E402
+from haystack_integrations.components.rankers.normrank import NormRankRanker  # noqa: E402
 from normrank.datasets import demo_rows  # noqa: E402
 from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, Weights  # noqa: E402
 
@@ -117,7 +117,7 @@ def test_bad_input(encoder, ids, demo_texts):
 def test_warm_up_and_serialisation(index, ids, demo_texts):
     ranker = NormRankRanker.from_index(index, top_k=4)
     data = ranker.to_dict()
-    assert data["type"] == "haystack_normrank.ranker.NormRankRanker"
+    assert data["type"] == "haystack_integrations.components.rankers.normrank.ranker.NormRankRanker"
     params = data["init_parameters"]
     assert params["model"] is None and params["weights"]["b"] == 0.02
     assert json.loads(json.dumps(data)) == data
@@ -134,7 +134,7 @@ def test_warm_up_and_serialisation(index, ids, demo_texts):
 def test_pipeline_dumps_and_loads(encoder):
     pipe = Pipeline()
     pipe.add_component("rerank", NormRankRanker(top_k=2, weights={"a": 0.01}, encoder=encoder))
-    loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["haystack_normrank.ranker"])
+    loaded = Pipeline.loads(pipe.dumps(), allowed_modules=["haystack_integrations.components.rankers.normrank.ranker"])
     ranker = loaded.get_component("rerank")
     assert isinstance(ranker, NormRankRanker) and ranker.weights == Weights(a=0.01) and ranker.top_k == 2
 

@@ -1,6 +1,6 @@
 """LangChain integration of normrank: a retriever over a ``NormIndex`` and raw embeddings.
 
-Install with ``pip install "normrank[langchain]"``. Imports only ``langchain_core``.
+Install with ``pip install langchain-normrank``. Imports only ``langchain_core``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ try:
     import langchain_core  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by tests/test_extras.py
     raise ImportError(
-        'langchain_normrank needs langchain-core, which is not installed: pip install "normrank[langchain]"'
+        'langchain_normrank needs langchain-core, which is not installed: pip install langchain-normrank'
     ) from exc
 
 from langchain_normrank.embeddings import NormRankEmbeddings

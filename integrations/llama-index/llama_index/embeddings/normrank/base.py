@@ -3,7 +3,7 @@
 LlamaIndex's HuggingFace embedding keeps the model's ``Normalize`` module, so its
 vectors are unit length. These come from :class:`normrank.RawEncoder`: the same
 direction (so a ``VectorStoreIndex`` ranks by the same cosine), the norm left in,
-so :class:`~llama_index_normrank.NormRankPostprocessor` can reuse them instead of
+so :class:`~llama_index.postprocessor.normrank.NormRankPostprocessor` can reuse them instead of
 re-encoding.
 """
 

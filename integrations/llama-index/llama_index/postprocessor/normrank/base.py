@@ -2,7 +2,7 @@
 
 Where the vectors come from
     A node's ``embedding`` is reused when it is raw (not unit length) and has the
-    encoder's dimension, i.e. it came from :class:`~llama_index_normrank.NormRankEmbedding`
+    encoder's dimension, i.e. it came from :class:`~llama_index.embeddings.normrank.NormRankEmbedding`
     or another raw encoding of the same model. Otherwise (the usual case: SimpleVectorStore
     and FaissVectorStore return nodes without embeddings, and stock embedding models return
     unit vectors) the node text is encoded with :class:`normrank.RawEncoder` and kept in an
@@ -43,7 +43,7 @@ from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
-from llama_index_normrank.retrievers import SCORE_KEYS, explanation, hidden_keys
+from llama_index.retrievers.normrank.base import SCORE_KEYS, explanation, hidden_keys
 
 dispatcher = get_dispatcher(__name__)
 

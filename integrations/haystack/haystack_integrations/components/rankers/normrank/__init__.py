@@ -1,0 +1,15 @@
+"""Haystack ranker that re-ranks by cosine plus a calibrated norm term (normrank)."""
+
+from __future__ import annotations
+
+try:
+    import haystack  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by tests/test_extras.py
+    raise ImportError(
+        "haystack_integrations.components.rankers.normrank needs haystack-ai, which is not installed: "
+        "pip install normrank-haystack"
+    ) from exc
+
+from haystack_integrations.components.rankers.normrank.ranker import NormRankRanker
+
+__all__ = ["NormRankRanker"]
