@@ -448,7 +448,7 @@ def format_report(result: Mapping[str, Any]) -> str:
     fit = result["fit"]
     lines.append("")
     if "per_fold" in fit:
-        lines.append(f"fit: {fit['accepted_folds']}/{len(fit['folds'])} folds accepted a norm blend")
+        lines.append(f"fit: {fit['accepted_folds']}/{len(fit['per_fold'])} folds accepted a norm blend")
         for f in fit["per_fold"]:
             lines.append(f"  fold {f['fold']}: {_weights_str(f['applied'])}: {f['reason']}")
     else:
