@@ -73,3 +73,19 @@ class DatasetError(NormRankError, ValueError):
 
 class BackendError(NormRankError, RuntimeError):
     """A storage backend cannot be used: server unreachable, extension missing, or a foreign table."""
+
+
+class InvalidTextError(InvalidArgumentError):
+    """A text, id or metadata string cannot be stored: a lone surrogate (not UTF-8), or NUL where refused."""
+
+
+class InvalidMetadataError(InvalidArgumentError):
+    """Metadata is not a JSON object of finite values, or is nested too deep or too large."""
+
+
+class PersistenceError(NormRankError, OSError):
+    """Writing a saved index failed (disk full, no permission, I/O error); the previous save is intact."""
+
+
+class MissingExtraError(NormRankError, ImportError):
+    """An optional feature needs a package of an extra that is not installed (the message names the extra)."""

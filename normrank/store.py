@@ -490,6 +490,25 @@ class NormIndex(BlendIndexBase):
             return [replace(r, metadata=copy.deepcopy(r.metadata))
                     for r in (self._records[self._by_id[x]] for x in wanted)]
 
+    def vectors(self, ids: Sequence[str]) -> np.ndarray:
+        """The raw vectors of stored documents, in the given order: float32, shape ``(len(ids), dim)``.
+
+        Rebuilt from what the index holds (the unit direction, read back from FAISS, times the
+        stored norm), so vector stores (MMR, embedding reuse) and re-rankers need not keep a copy.
+        Equal to what was added up to float32 rounding. Raises ``UnknownIdError`` for a missing id.
+        """
+        with self._lock:
+            wanted = _check_ids(list(ids))
+            missing = [x for x in wanted if x not in self._by_id]
+            if missing:
+                raise UnknownIdError(f"unknown ids: {missing[:5]}")
+            if not wanted:
+                return np.zeros((0, self._dim or 0), dtype=np.float32)
+            internal = np.array([self._by_id[x] for x in wanted], dtype=np.int64)
+            unit = np.asarray(self._index.reconstruct_batch(internal), dtype=np.float32)[:, : self._dim]
+            norms, _ = self._norms_counts(internal.tolist())
+            return np.ascontiguousarray(unit * norms[:, None].astype(np.float32))
+
     def set_weights(self, weights: Weights) -> None:
         """Change the blend; the stored norm column is rebuilt only if the feature or mode needs it."""
         if not isinstance(weights, Weights):
