@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -127,7 +128,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.ray:  # encode on Ray Data (RAY_ADDRESS joins a cluster), Parquet beside the index
         from normrank.distributed import index_with_ray
 
-        index = index_with_ray(args.source, args.out, config=args.config, num_actors=args.ray_actors,
+        ray_config = args.config
+        if args.model:
+            ray_config = load_config(args.config).model_copy(deep=True)
+            ray_config.encoder.model = _model_arg(args.model)
+        index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
                                show_progress=not args.no_progress)
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
@@ -140,6 +145,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise EmptyCorpusError(f"{args.source} holds no document with text")
     config = load_config(args.config)
     config.store.path = None  # --out is where this index goes; never load another one into it
+    if args.model:
+        config.encoder.model = _model_arg(args.model)
     index = build_index(config)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
@@ -236,21 +243,52 @@ def _resolve_collection(name: str, data: str | None) -> str:
     return name
 
 
+def _model_arg(model: str) -> str:
+    """An existing --model folder as an absolute path (saved indexes record it); anything else as given."""
+    return str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     """Cosine vs BM25 vs raw dot vs fitted normrank on a BEIR folder, evaluated queries never fitted."""
     from normrank.config import build_encoder, load_config
     from normrank.evaluation import evaluate, format_report
 
-    encoder, kwargs = None, None
-    if args.config:
-        config = load_config(args.config)
-        encoder = build_encoder(config)
+    from normrank.encoders import RawEncoder
+    from normrank.evaluation import combine, evaluate_models, format_models, plot_models, require_bm25s
+
+    require_bm25s()  # name the missing extra before loading any model
+    kwargs = None
+    config = load_config(args.config) if args.config else None
+    if config is not None:
         f = config.fit
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
                       modes=f.modes)
-    result = evaluate(_resolve_collection(args.beir_dir, args.data), split=args.split, train_split=args.train_split, folds=args.folds,
-                      seed=args.seed, encoder=encoder, fit_kwargs=kwargs, show_progress=not args.no_progress)
-    print(json.dumps(result) if args.json else format_report(result))
+    models = [_model_arg(m) for m in args.model] if args.model else [config.encoder.model if config else None]
+    encoders = []
+    for m in models:  # --model replaces the config's model; the config's other encoder settings stay
+        if config is not None:
+            config.encoder.model = m
+            encoders.append(build_encoder(config))
+        else:
+            encoders.append(RawEncoder(m))
+    opts = dict(split=args.split, train_split=args.train_split, folds=args.folds, seed=args.seed,
+                fit_kwargs=kwargs, show_progress=not args.no_progress)
+    path = _resolve_collection(args.beir_dir, args.data)
+    if len(encoders) == 1:  # one model: the single-model report and JSON object, as before
+        result = evaluate(path, encoder=encoders[0], **opts)
+        print(json.dumps(result) if args.json else format_report(result))
+        if args.plot:
+            from normrank.evaluation import model_label
+
+            result["model_label"], result["dim"] = model_label(encoders[0].model_name), encoders[0].dim
+            plot_models(combine([result]), args.plot)
+    else:
+        result = evaluate_models(path, encoders, **opts)
+        print(json.dumps(result) if args.json else format_models(result))
+        if args.plot:
+            plot_models(result, args.plot)
+    if args.plot and not args.json:
+        print(f"plot written to {args.plot}")
     return 0
 
 
@@ -296,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("source", help="BEIR folder, .jsonl[.gz] file, or folder of .txt/.md files")
     p.add_argument("--out", required=True, help="folder to save the index into")
     p.add_argument("--config", help="normrank.yaml (encoder, store and scoring settings)")
+    p.add_argument("--model", metavar="PATH", help="local sentence-transformers folder to encode with "
+                   "(overrides the config's encoder.model; default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--ray", action="store_true", help="encode on Ray Data with a pool of encoder actors "
                    "(pip install 'normrank[ray]'; RAY_ADDRESS joins a cluster)")
@@ -336,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", help="folder of BEIR collections in which to look up BEIR_DIR by name "
                    "(default: $NORMRANK_DATA, else ../shared/data when present)")
     p.add_argument("--config", help="normrank.yaml (encoder model and `fit` settings)")
+    p.add_argument("--model", action="append", metavar="PATH",
+                   help="a local sentence-transformers folder to evaluate (repeatable: several models give one "
+                   "side-by-side report; default: the config's model, else the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--plot", metavar="PNG", help="also write a bar chart of nDCG@10 per model and run here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval)
@@ -380,14 +424,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    else:  # Ray's own start-up and worker logs are pages of noise on a command line
+        os.environ.setdefault("RAY_LOG_TO_STDERR", "0")
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1" if getattr(args, "no_progress", False) else "0")
+        logging.getLogger("ray").setLevel(logging.ERROR)
     try:
         return int(args.func(args) or 0)
-    except (NormRankError, FileNotFoundError, PermissionError, ImportError) as exc:
-        print(f"normrank {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print(f"normrank {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # every failure is one line; -v adds the traceback
+        if args.verbose:
+            traceback.print_exc(file=sys.stderr)
+        print(f"normrank {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+#: Longest error message printed (an error must never echo an unbounded input).
+MAX_ERROR_CHARS = 600
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error as one bounded line; raw (unexpected) errors also name their type and the -v flag."""
+    if isinstance(exc, ImportError) and getattr(exc, "name", None) in _EXTRAS:
+        text = f"{exc.name} is not installed: pip install \"normrank[{_EXTRAS[exc.name]}]\""
+    elif isinstance(exc, UnicodeDecodeError):
+        text = f"input is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    elif isinstance(exc, OSError) and not isinstance(exc, NormRankError) and exc.strerror:
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    else:
+        text = str(exc) or type(exc).__name__
+        if not isinstance(exc, (NormRankError, ImportError)):
+            text = f"{type(exc).__name__}: {text} (unexpected; rerun with -v for the traceback)"
+    text = " ".join(text.split())
+    if len(text) > MAX_ERROR_CHARS:
+        text = text[:MAX_ERROR_CHARS - 30] + f"... [{len(text) - MAX_ERROR_CHARS + 30} more characters]"
+    return text
+
+
+#: Optional dependencies the CLI may miss, and the extra that installs each.
+_EXTRAS = {"pytrec_eval": "eval", "bm25s": "eval", "ray": "ray", "matplotlib": "bench", "psycopg": "pgvector",
+           "pgvector": "pgvector"}
 
 
 if __name__ == "__main__":  # pragma: no cover

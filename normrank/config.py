@@ -8,6 +8,8 @@ silently ignored (a classic cause of "my setting did nothing").
 from __future__ import annotations
 
 import os
+import re
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +32,21 @@ class EncoderConfig(_Section):
     show_progress: bool | None = None
     pooling: Literal["mean", "norm", "norm2", "inv_norm", "sif"] = Field(
         "mean", description="mean = the stock model; others weight tokens by their own norms (research option).")
+    sif_a: float = Field(1e-3, gt=0, description="pooling: sif only: the SIF smoothing constant a / (a + p(word)).")
+
+    @classmethod
+    def from_encoder(cls, encoder: Any) -> EncoderConfig:
+        """The settings that rebuild ``encoder`` (its ``describe()``), so a config round-trips."""
+        from normrank.encoders import default_model_path
+
+        d = dict(encoder.describe())
+        model = d.get("model")
+        if model is not None and str(model) == str(default_model_path()):
+            model = None
+        return cls(model=model, batch_size=d.get("batch_size", 64), device=d.get("device", "cpu"),
+                   max_seq_length=d.get("max_seq_length"),
+                   show_progress=getattr(encoder, "show_progress", None),
+                   pooling=d.get("pooling", "mean"), sif_a=d.get("sif_a", 1e-3))
 
 
 class CalibrationConfig(_Section):
@@ -52,7 +69,7 @@ class StoreConfig(_Section):
         "faiss", description="'faiss': in-process index saved at store.path; 'pgvector': PostgreSQL table "
         "store.table at store.dsn (pip install 'normrank[pgvector]').")
     index_type: Literal["flat", "hnsw", "ivf"] = "flat"
-    dsn: str | None = Field(None, description="pgvector: PostgreSQL connection string ($VARS expanded); "
+    dsn: str | None = Field(None, description="pgvector: PostgreSQL connection string (${VARS} expanded); "
                             "null reads $NORMRANK_PG_DSN.")
     table: str = Field("normrank_docs", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,53}$",
                        description="pgvector: the documents' table; {table}_normrank holds the calibration.")
@@ -118,6 +135,14 @@ class NormRankConfig(_Section):
     llamaindex: LlamaIndexConfig = Field(default_factory=LlamaIndexConfig)
     haystack: HaystackConfig = Field(default_factory=HaystackConfig)
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting as plain data; ``load_config(config.to_dict()) == config``."""
+        return self.model_dump(mode="json")
+
+    def dumps(self) -> str:
+        """The configuration as YAML text that :func:`load_config` reads back to an equal config."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     model: Any = NormRankConfig
@@ -129,6 +154,105 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
+#: Longest echo of a user's value inside an error message.
+MAX_ECHO = 80
+#: Largest configuration file read (a settings file is a few kB).
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _short(value: Any) -> str:
+    """``repr(value)`` cut to :data:`MAX_ECHO` characters: an error never echoes unbounded input."""
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = MAX_ECHO, MAX_ECHO, 6, 6, 3
+    try:
+        text = r.repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= MAX_ECHO else text[:MAX_ECHO - 3] + "..."
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without anchors and aliases: a settings file never needs them, and an
+    alias bomb (a few hundred bytes expanding to billions of nodes) would hang the loader."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ConfigError(f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name) are not "
+                              "allowed in a normrank configuration; write the value out")
+        return super().compose_node(parent, index)
+
+
+_VAR = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+
+
+def _expand(value: Any, where: str, loc: str = "") -> Any:
+    """``${NAME}`` -> the environment variable in every string value; ``$${`` is a literal ``${``.
+
+    Raises
+    ------
+    ConfigError
+        A named variable is not set (the message names it and the key).
+    """
+    if isinstance(value, dict):
+        return {k: _expand(v, where, f"{loc}.{k}" if loc else str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, where, f"{loc}.{i}") for i, v in enumerate(value)]
+    if not isinstance(value, str) or "$" not in value:
+        return value
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$${":
+            return "${"
+        name = m.group(1)
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError(f"invalid normrank configuration {where}: '{loc}': {_short('${' + name + '}')} is "
+                              "not a variable reference (${NAME}; write $${ for a literal ${)")
+        if name not in os.environ:
+            raise ConfigError(f"invalid normrank configuration {where}: '{loc}' names the environment variable "
+                              f"{name}, which is not set")
+        return os.environ[name]
+
+    return _VAR.sub(sub, value)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"configuration file {path} is {size:,} bytes; a normrank configuration is at most "
+                              f"{MAX_CONFIG_BYTES:,}")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"configuration file {path} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"configuration file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"configuration file {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"configuration file {path} is not valid YAML: {' '.join(str(exc).split())[:300]}") from None
+    except RecursionError:
+        raise ConfigError(f"configuration file {path} is nested too deeply to be a normrank configuration") from None
+
+
+def _resolve_paths(config: NormRankConfig, base: Path) -> None:
+    """Relative paths in a file are relative to the file's folder, not to the working folder."""
+    if config.store.path:
+        p = Path(config.store.path).expanduser()
+        config.store.path = str(p if p.is_absolute() else base / p)
+    model = config.encoder.model
+    if model:
+        p = Path(model).expanduser()
+        if not p.is_absolute() and (model.startswith((".", "~")) or (base / p).exists()):
+            config.encoder.model = str(base / p)
+        elif model.startswith("~"):
+            config.encoder.model = str(p)
+
+
 def _format(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
@@ -136,17 +260,24 @@ def _format(exc: ValidationError, source: str) -> str:
         if err["type"] == "extra_forbidden":
             lines.append(f"unknown key '{path}'; allowed keys here: {', '.join(_allowed_keys(err['loc']))}")
         else:
-            lines.append(f"'{path}': {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"'{path}': {err['msg']} (got {_short(err.get('input'))})")
     return f"invalid normrank configuration {source}: " + "; ".join(lines)
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig | None = None) -> NormRankConfig:
-    """Read and validate a YAML file (or a dict); ``None`` gives the defaults."""
+    """Read and validate a YAML file (or a dict); ``None`` gives the defaults.
+
+    In a file, ``${NAME}`` in any string value is the environment variable ``NAME`` (unset: a
+    :class:`ConfigError` naming it; ``$${`` writes a literal ``${``), and relative paths
+    (``store.path``, a relative ``encoder.model`` folder) are relative to the file's folder.
+    Anchors and aliases are refused, and no error message echoes more than a short excerpt.
+    """
     if source is None:
         return NormRankConfig()
     if isinstance(source, NormRankConfig):
         return source
     where = "(dict)"
+    base: Path | None = None
     if isinstance(source, Mapping):
         data: Any = dict(source)
     else:
@@ -154,16 +285,22 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
         where = f"in {path}"
         if not path.is_file():
             raise ConfigError(f"configuration file {path} does not exist")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"configuration file {path} is not valid YAML: {exc}") from exc
+        data = _read_yaml(path)
+        data = {} if data is None else data
+        if isinstance(data, Mapping):
+            data = _expand(dict(data), where)
+        base = path.resolve().parent
     if not isinstance(data, Mapping):
         raise ConfigError(f"invalid normrank configuration {where}: the top level must be a mapping of sections")
     try:
-        return NormRankConfig.model_validate(data)
+        config = NormRankConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_format(exc, where)) from None
+    except RecursionError:
+        raise ConfigError(f"invalid normrank configuration {where}: nested too deeply") from None
+    if base is not None:
+        _resolve_paths(config, base)
+    return config
 
 
 def build_encoder(config: NormRankConfig) -> Any:
@@ -175,7 +312,7 @@ def build_encoder(config: NormRankConfig) -> Any:
     if e.pooling != "mean":
         from normrank.pooling import PooledEncoder
 
-        return PooledEncoder(e.model, pooling=e.pooling, **options)
+        return PooledEncoder(e.model, pooling=e.pooling, sif_a=e.sif_a, **options)
     return RawEncoder(e.model, **options)
 
 
@@ -201,7 +338,7 @@ def build_index(source: Any = None) -> Any:
 
         given = s.model_fields_set
         return PgVectorNormIndex(
-            os.path.expandvars(s.dsn) if s.dsn else None, s.table, encoder,
+            s.dsn or None, s.table, encoder,
             weights=build_weights(config) if config.scoring != ScoringConfig() else None,
             index_type=s.index_type if "index_type" in given else None, hnsw_m=s.hnsw_m,
             ef_construction=s.ef_construction, ef_search=s.ef_search if "ef_search" in given else None,

@@ -10,6 +10,7 @@ import csv
 import gzip
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +41,9 @@ def default_data_dir() -> Path | None:
     return None
 
 
-def _open(path: Path) -> Iterator[str]:
+def _open(path: Path) -> Iterator[bytes]:
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:  # type: ignore[operator]
+    with opener(path, "rb") as fh:  # type: ignore[operator]
         yield from fh
 
 
@@ -53,18 +54,57 @@ def _find(folder: Path, stem: str) -> Path:
     raise DatasetError(f"{folder} has no {stem}.jsonl or {stem}.jsonl.gz: it is not a BEIR folder")
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:
-    """Rows of a .jsonl or .jsonl.gz file, naming the line of any bad JSON."""
+def _kind(value: object) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number",
+            type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
+    """``(line number, row)`` for every non-blank line of a .jsonl or .jsonl.gz file.
+
+    Raises
+    ------
+    DatasetError
+        The file is missing, is not UTF-8, is a truncated or corrupt gzip, or a line is not a
+        JSON object; the message names the file and the line.
+    """
     path = Path(path)
-    rows = []
-    for no, line in enumerate(_open(path), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{path}:{no} is not valid JSON: {exc.msg}") from exc
-    return rows
+    no = 0
+    try:
+        for no, raw in enumerate(_open(path), 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetError(f"{path}:{no} is not UTF-8 text ({exc.reason} at byte {exc.start} of the "
+                                   "line)") from exc
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(f"{path}:{no} is not valid JSON: {exc.msg}") from exc
+            if not isinstance(row, dict):
+                raise DatasetError(f"{path}:{no} is {_kind(row)}, not a JSON object (expected {{\"_id\": ..., "
+                                   f"\"text\": ...}})")
+            yield no, row
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise DatasetError(f"{path} is a truncated or corrupt gzip file (read {no} lines): {exc}") from exc
+    except FileNotFoundError as exc:
+        raise DatasetError(f"no such file {path}") from exc
+    except IsADirectoryError as exc:
+        raise DatasetError(f"{path} is a folder, not a .jsonl file") from exc
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict]:
+    """Rows (JSON objects) of a .jsonl or .jsonl.gz file, naming the line of any bad one."""
+    return [row for _, row in iter_jsonl(path)]
+
+
+def _row_id(row: dict, path: Path, no: int, key: str = "_id") -> str:
+    value = row.get(key)
+    if value is None or isinstance(value, (dict, list, bool)) or not str(value).strip():
+        raise DatasetError(f"{path}:{no} has no usable {key!r} (a string or number naming the row)")
+    return str(value)
 
 
 @dataclass
@@ -99,6 +139,21 @@ class BeirDataset:
         return ids, texts, skipped
 
 
+def read_queries(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``{query id: text}`` of a queries.jsonl[.gz] file; a row without ``_id`` or a repeated id is
+    a :class:`DatasetError` naming the line."""
+    path = Path(path)
+    queries: dict[str, str] = {}
+    lines: dict[str, int] = {}
+    for no, row in iter_jsonl(path):
+        qid = _row_id(row, path, no)
+        if qid in lines:
+            raise DatasetError(f"{path}:{no} repeats query id {qid!r} (first on line {lines[qid]})")
+        lines[qid] = no
+        queries[qid] = str(row.get("text") or "")
+    return queries
+
+
 def available_splits(path: str | os.PathLike[str]) -> list[str]:
     q = Path(path) / "qrels"
     return sorted(p.stem for p in q.glob("*.tsv")) if q.is_dir() else []
@@ -108,19 +163,21 @@ def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str])
     if not path.is_file():
         raise DatasetError(f"no qrels file {path}")
     qrels: dict[str, dict[str, int]] = {}
-    with open(path, encoding="utf-8", newline="") as fh:
-        reader = csv.reader(fh, delimiter="\t")
-        for no, row in enumerate(reader, 1):
-            if not row or (no == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid")):
-                continue
-            if len(row) < 3:
-                raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score")
-            q, d, s = row[0].strip(), row[1].strip(), row[2].strip()
-            try:
-                score = int(float(s))
-            except ValueError:
-                raise DatasetError(f"{path}:{no}: score {s!r} is not a number") from None
-            qrels.setdefault(q, {})[d] = score
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    for no, row in enumerate(csv.reader(text.splitlines(), delimiter="\t"), 1):
+        if not row or (no == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid")):
+            continue
+        if len(row) < 3:
+            raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score")
+        q, d, s = row[0].strip(), row[1].strip(), row[2].strip()
+        try:
+            score = int(float(s))
+        except ValueError:
+            raise DatasetError(f"{path}:{no}: score {s[:40]!r} is not a number") from None
+        qrels.setdefault(q, {})[d] = score
     bad_q = [q for q in qrels if q not in queries]
     bad_d = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
     if bad_q or bad_d:
@@ -137,13 +194,18 @@ def load_beir(path: str | os.PathLike[str], split: str = "test") -> BeirDataset:
     if not folder.is_dir():
         raise DatasetError(f"no such folder: {folder}")
     corpus: dict[str, Document] = {}
-    for row in read_jsonl(_find(folder, "corpus")):
-        if "_id" not in row:
-            raise DatasetError(f"a corpus row in {folder} has no _id")
-        did = str(row["_id"])
+    corpus_path = _find(folder, "corpus")
+    lines: dict[str, int] = {}
+    for no, row in iter_jsonl(corpus_path):
+        did = _row_id(row, corpus_path, no)
+        if did in lines:
+            raise DatasetError(f"{corpus_path}:{no} repeats document id {did!r} (first on line {lines[did]}); "
+                               "ids must be unique")
+        lines[did] = no
+        meta = row.get("metadata")
         corpus[did] = Document(did, str(row.get("title") or ""), str(row.get("text") or ""),
-                               row.get("metadata") or {})
-    queries = {str(r["_id"]): str(r.get("text") or "") for r in read_jsonl(_find(folder, "queries"))}
+                               meta if isinstance(meta, dict) else {})
+    queries = read_queries(_find(folder, "queries"))
     splits = available_splits(folder)
     if split not in splits:
         raise DatasetError(f"{folder} has no qrels/{split}.tsv; available splits: {splits or 'none'}")
