@@ -1,0 +1,117 @@
+"""A YAML file as users write it: paths relative to the file, ${VAR}s, hostile input, round trips."""
+
+from __future__ import annotations
+
+import pytest
+
+from normrank import ConfigError, load_config
+from normrank.config import MAX_ECHO, EncoderConfig, NormRankConfig, build_encoder
+
+BOMB = """a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+"""
+
+
+def test_an_alias_bomb_is_refused_at_once(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB, encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"line 1: YAML anchors and aliases .* not allowed") as err:
+        load_config(path)
+    assert len(str(err.value)) < 400
+
+
+def test_a_single_alias_is_refused_too(tmp_path):
+    path = tmp_path / "n.yaml"
+    path.write_text("langchain: &lc\n  k: 3\nhaystack: *lc\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        load_config(path)
+
+
+def test_errors_never_echo_unbounded_input(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("scoring:\n  mode: " + "x" * 200_000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"'scoring\.mode'") as err:
+        load_config(path)
+    assert len(str(err.value)) < 300 + MAX_ECHO
+    with pytest.raises(ConfigError) as err:
+        load_config({"langchain": {"k": list(range(100_000))}})
+    assert len(str(err.value)) < 300 + MAX_ECHO
+
+
+def test_deep_and_non_utf8_yaml_are_config_errors(tmp_path):
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("scoring: " + "[" * 5000 + "]" * 5000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(deep)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("store:\n  path: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"not UTF-8 text .* at byte 18"):
+        load_config(latin)
+
+
+def test_store_path_is_relative_to_the_file_not_the_working_folder(tmp_path, monkeypatch):
+    conf = tmp_path / "project" / "conf"
+    conf.mkdir(parents=True)
+    path = conf / "normrank.yaml"
+    path.write_text("store:\n  path: ../indexes/main\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert load_config(path).store.path == str(conf / ".." / "indexes" / "main")
+    path.write_text(f"store:\n  path: {tmp_path / 'abs'}\n", encoding="utf-8")
+    assert load_config(path).store.path == str(tmp_path / "abs")
+    # a dict has no file: its paths stay as given
+    assert load_config({"store": {"path": "rel"}}).store.path == "rel"
+
+
+def test_a_relative_model_folder_is_relative_to_the_file(tmp_path):
+    (tmp_path / "models" / "mini").mkdir(parents=True)
+    path = tmp_path / "normrank.yaml"
+    path.write_text("encoder:\n  model: ./models/mini\n", encoding="utf-8")
+    assert load_config(path).encoder.model == str(tmp_path / "models" / "mini")
+    path.write_text("encoder:\n  model: sentence-transformers/some-hub-name\n", encoding="utf-8")
+    assert load_config(path).encoder.model == "sentence-transformers/some-hub-name"  # not a folder here
+
+
+def test_env_vars_expand_in_every_string(tmp_path, monkeypatch):
+    monkeypatch.setenv("NR_TEST_DIR", "idx")
+    monkeypatch.setenv("NR_TEST_DSN", "postgresql://u@h/db")
+    monkeypatch.setenv("NR_TEST_SRC", "faq")
+    path = tmp_path / "normrank.yaml"
+    path.write_text("store:\n  path: data/${NR_TEST_DIR}\n  dsn: ${NR_TEST_DSN}\n"
+                    "langchain:\n  filter: {source: [\"${NR_TEST_SRC}\", \"$${NOT_A_VAR}\"]}\n", encoding="utf-8")
+    config = load_config(path)
+    assert config.store.path == str(tmp_path / "data" / "idx")
+    assert config.store.dsn == "postgresql://u@h/db"
+    assert config.langchain.filter == {"source": ["faq", "${NOT_A_VAR}"]}
+
+
+def test_a_missing_env_var_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv("NR_SURELY_UNSET", raising=False)
+    path = tmp_path / "normrank.yaml"
+    path.write_text("store:\n  dsn: postgresql://${NR_SURELY_UNSET}@h/db\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"'store\.dsn' names the environment variable NR_SURELY_UNSET, which is "
+                                          "not set"):
+        load_config(path)
+
+
+def test_every_encoder_setting_round_trips(tmp_path):
+    config = load_config({"encoder": {"pooling": "sif", "sif_a": 0.01, "batch_size": 8, "max_seq_length": 128,
+                                      "show_progress": False, "device": "cpu"}, "scoring": {"a": 0.02}})
+    assert load_config(config.to_dict()) == config
+    path = tmp_path / "dumped.yaml"
+    path.write_text(config.dumps(), encoding="utf-8")
+    assert load_config(path) == config
+    assert load_config(path).encoder.pooling == "sif"
+
+
+def test_encoder_config_from_a_built_encoder_rebuilds_it(encoder):
+    config = NormRankConfig(encoder=EncoderConfig(pooling="norm2", batch_size=16, max_seq_length=200))
+    built = build_encoder(config)
+    back = EncoderConfig.from_encoder(built)
+    assert back.pooling == "norm2" and back.batch_size == 16 and back.max_seq_length == 200
+    assert back.model is None  # the bundled model stays "null", portable across machines
+    assert EncoderConfig.from_encoder(encoder).pooling == "mean"
