@@ -1,28 +1,108 @@
-"""Raw vectors for candidates another retriever found: reuse, cache, or encode.
+"""What the re-ranking adapters share: candidate vectors, the explanation key, weights from a dict.
 
-The re-ranking adapters (LlamaIndex postprocessor, Haystack ranker) receive documents
-whose embeddings are usually missing or unit length (framework embedders normalise).
-A stored embedding is reused only when it is raw (the encoder's dimension, not unit
-length); otherwise the text is encoded once and kept in an LRU cache keyed by the
-document id and a hash of its text, so re-ranking the same passages again is free.
+Where a candidate's raw vector comes from (the LlamaIndex postprocessor, the Haystack ranker)
+    1. a raw embedding the candidate carries (the encoder's dimension, not unit length:
+       framework embedders normalise, so theirs are re-encoded), used for this call only;
+    2. the vector a normrank index holds for the same id and the same text
+       (``from_index``), so re-ranking documents of a normrank store costs no model call;
+    3. an LRU cache of vectors *the encoder* produced, keyed by id and a hash of the text;
+    4. the encoder, for what is left (then cached).
+    A caller's embedding is never cached: one call's crafted vector cannot change another
+    call's score for the same document (issue 10 item 8).
+
+The explanation
+    Everything normrank adds to a framework document lives under one metadata key,
+    :data:`EXPLANATION_KEY` (``"normrank"``), a dict of plain floats, so a user's own keys
+    (``weight``, ``norm``, ``cosine``, ``relevance_score``, ...) are never overwritten or
+    hidden. The blended score itself goes where the framework keeps scores
+    (``NodeWithScore.score``, ``Document.score``).
+
 Framework-agnostic, so each adapter maps its own objects to ``(id, text, embedding)``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any
 
 import numpy as np
 
 from normrank._validation import UNIT_NORM_TOLERANCE
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, default_model_path
-from normrank.errors import EmptyTextError, InvalidArgumentError
+from normrank.errors import InvalidArgumentError, NormRankError, UnknownIdError
+from normrank.scoring import Hit, Weights
+
+logger = logging.getLogger(__name__)
 
 Candidate = tuple[str, str, Sequence[float] | None]  # (id, text, stored embedding or None)
+
+#: The one metadata key normrank writes on a framework document: ``{"score", "cosine", "norm_feature",
+#: "weight", "norm"}`` (+ ``"retrieval_score"`` in the re-rankers). Reserved: a re-ranker replaces it.
+EXPLANATION_KEY = "normrank"
+
+#: The keys of the explanation dict of a scored document.
+EXPLANATION_FIELDS: tuple[str, ...] = ("score", "cosine", "norm_feature", "weight", "norm")
+
+
+def explanation(hit: Hit, **extra: Any) -> dict[str, dict[str, Any]]:
+    """``{"normrank": {score, cosine, norm_feature, weight, norm, **extra}}`` for a document's metadata."""
+    parts = {"score": float(hit.score), "cosine": float(hit.cosine), "norm_feature": float(hit.norm_feature),
+             "weight": float(hit.weight), "norm": float(hit.norm)}
+    return {EXPLANATION_KEY: {**parts, **extra}}
+
+
+def unscored_explanation(reason: str, **extra: Any) -> dict[str, dict[str, Any]]:
+    """The explanation of a candidate passed through unscored (e.g. it has no text)."""
+    return {EXPLANATION_KEY: {**dict.fromkeys(EXPLANATION_FIELDS), "skipped": reason, **extra}}
+
+
+def is_explanation(value: Any) -> bool:
+    """Whether a metadata value is normrank's own explanation (from an earlier stage), not user data."""
+    return isinstance(value, Mapping) and set(EXPLANATION_FIELDS) <= set(value)
+
+
+def with_explanation(metadata: Mapping[str, Any], parts: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """``metadata`` plus the explanation ``parts``, never replacing the user's own keys.
+
+    An earlier normrank stage's explanation is replaced. If the user's metadata holds its own
+    ``"normrank"`` key, it is kept, the explanation is left out and a warning says so.
+    """
+    own = metadata.get(EXPLANATION_KEY)
+    if EXPLANATION_KEY in metadata and not is_explanation(own):
+        logger.warning("%s has its own metadata key %r: it is kept and normrank's score explanation is left out",
+                       what, EXPLANATION_KEY)
+        return dict(metadata)
+    return {**metadata, **parts}
+
+
+def weights_from(value: Weights | Mapping[str, Any] | None) -> Weights:
+    """``Weights`` from itself, ``None`` (plain cosine) or a dict, refusing unknown keys by name.
+
+    A misspelt key (``{"alpha": 0.02}``) would otherwise leave the blend at plain cosine
+    without a word.
+    """
+    if value is None:
+        return Weights()
+    if isinstance(value, Weights):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidArgumentError(f"weights must be a normrank.Weights or a dict, got {type(value).__name__}")
+    allowed = [f.name for f in fields(Weights)]
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise InvalidArgumentError(f"unknown weights keys {unknown}; allowed keys: {allowed}")
+    try:
+        return Weights(**dict(value))
+    except NormRankError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"invalid weights {dict(value)!r}: {exc}") from exc
 
 
 def model_setting(encoder: RawEncoder) -> str | None:
@@ -32,12 +112,44 @@ def model_setting(encoder: RawEncoder) -> str | None:
     return encoder.model_name
 
 
+def encoder_settings(encoder: RawEncoder) -> dict[str, Any]:
+    """Every setting that rebuilds ``encoder`` (``model``, ``batch_size``, ..., ``pooling``, ``sif_a``)."""
+    settings = dict(encoder.describe())
+    settings.pop("show_progress", None)
+    settings["model"] = model_setting(encoder)
+    settings.setdefault("pooling", getattr(encoder, "pooling", "mean"))
+    settings.setdefault("sif_a", getattr(encoder, "sif_a", 1e-3))
+    return settings
+
+
+def build_encoder(model: str | None, *, pooling: str = "mean", sif_a: float = 1e-3,
+                  **options: Any) -> RawEncoder:
+    """The encoder the settings describe: a ``RawEncoder``, or a ``PooledEncoder`` for another pooling."""
+    options.setdefault("show_progress", False)
+    if pooling != "mean":
+        from normrank.pooling import PooledEncoder
+
+        return PooledEncoder(model, pooling=pooling, sif_a=sif_a, **options)
+    return RawEncoder(model, **options)
+
+
 def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
-    """True when ``vector`` can stand in for a fresh raw encoding: right dimension, not unit length."""
+    """True when ``vector`` can stand in for a fresh raw encoding: right dimension, finite, not unit length."""
     if vector is None or len(vector) != dim:
         return False
-    norm = float(np.linalg.norm(np.asarray(vector, dtype=np.float64)))
-    return bool(np.isfinite(norm)) and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
+    try:
+        arr = np.asarray(vector, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    if arr.shape != (dim,) or not np.all(np.isfinite(arr)):
+        return False
+    norm = float(np.linalg.norm(arr))
+    return norm > UNIT_NORM_TOLERANCE and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
+
+
+def is_blank(text: str | None) -> bool:
+    """True for ``None``, ``""`` or whitespace: nothing to embed."""
+    return text is None or not str(text).strip()
 
 
 def calibrator_from_texts(encoder: RawEncoder, texts: Sequence[str]) -> NormCalibrator:
@@ -46,50 +158,105 @@ def calibrator_from_texts(encoder: RawEncoder, texts: Sequence[str]) -> NormCali
     return NormCalibrator().fit(np.linalg.norm(vectors.astype(np.float64), axis=1), counts)
 
 
+def _text_key(cid: str, text: str) -> tuple[str, str]:
+    return cid, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def stored_vectors(source: Any, items: Sequence[tuple[str, str]], dim: int) -> dict[int, tuple[np.ndarray, int]]:
+    """Vectors and token counts ``source`` holds for the ``(id, text)`` items it stores with that same text.
+
+    Positions in ``items`` map to ``(raw vector, token count)``. Used only when ``source`` has
+    ``vectors(ids)`` (``NormIndex``); anything that goes wrong (an id deleted meanwhile, a
+    backend without ``vectors``) just means those candidates are encoded.
+    """
+    if source is None or not callable(getattr(source, "vectors", None)):
+        return {}
+    try:
+        wanted = [i for i, (cid, _) in enumerate(items) if cid in source]
+        if not wanted:
+            return {}
+        ids = [items[i][0] for i in wanted]
+        records = source.get(ids)
+        vecs = np.asarray(source.vectors(ids), dtype=np.float32)
+    except (UnknownIdError, KeyError, NotImplementedError, InvalidArgumentError) as exc:
+        logger.debug("stored vectors not used: %s", exc)
+        return {}
+    if vecs.ndim != 2 or vecs.shape != (len(wanted), dim) or len(records) != len(wanted):
+        return {}
+    out: dict[int, tuple[np.ndarray, int]] = {}
+    for j, i in enumerate(wanted):
+        rec = records[j]
+        if getattr(rec, "id", None) == items[i][0] and getattr(rec, "text", None) == items[i][1]:
+            out[i] = (vecs[j], int(rec.token_count))
+    return out
+
+
 class CandidateVectorCache:
-    """Thread-safe LRU of ``(id, text hash) -> (raw vector, token count)``."""
+    """Thread-safe LRU of ``(id, text hash) -> (the encoder's raw vector or None, token count)``.
+
+    Only vectors the encoder produced are cached; a caller's embedding is used for its own
+    call only (the entry then keeps just the token count, which depends on the text alone).
+    """
 
     def __init__(self, size: int = 10_000) -> None:
-        if size < 0:
-            raise InvalidArgumentError(f"cache_size must be >= 0, got {size}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"cache_size must be an integer >= 0, got {size!r}")
         self.size = size
-        self._items: OrderedDict[tuple[str, str], tuple[np.ndarray, int]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[np.ndarray | None, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._items)
+        with self._lock:
+            return len(self._items)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
 
     def vectors(self, encoder: RawEncoder, candidates: Sequence[Candidate], *,
-                kind: str = "document") -> tuple[np.ndarray, np.ndarray]:
-        """Raw vectors (n, dim) and token counts (n,) for ``candidates``, encoding only what is new."""
-        for cid, text, _ in candidates:
-            if not text or not text.strip():
-                raise EmptyTextError(f"{kind} {cid!r} has no text to embed; drop it before re-ranking")
-        keys = [(cid, hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
-                for cid, text, _ in candidates]
-        found: dict[int, tuple[np.ndarray, int]] = {}
-        with self._lock:
-            for i, key in enumerate(keys):
-                if key in self._items:
-                    self._items.move_to_end(key)
-                    found[i] = self._items[key]
-        dim = encoder.dim
-        reuse = [i for i in range(len(candidates)) if i not in found and is_raw(candidates[i][2], dim)]
-        if reuse:
-            counts = encoder.token_counts([candidates[i][1] for i in reuse])
-            for i, c in zip(reuse, counts.tolist()):
-                found[i] = (np.asarray(candidates[i][2], dtype=np.float32), int(c))
-        todo = [i for i in range(len(candidates)) if i not in found]
-        if todo:
-            vectors, counts = encoder.encode_with_counts([candidates[i][1] for i in todo])
-            for j, i in enumerate(todo):
-                found[i] = (vectors[j], int(counts[j]))
-        with self._lock:
-            for i, key in enumerate(keys):
-                self._items[key] = found[i]
-                self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+                known: Mapping[int, tuple[np.ndarray, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Raw vectors (n, dim) and token counts (n,) for ``candidates`` (all with text), encoding only what is new.
+
+        ``known``: vectors and counts already resolved for some positions (e.g. by
+        :func:`stored_vectors` from the index the candidates came from); they win.
+        """
         n = len(candidates)
+        keys = [_text_key(cid, text) for cid, text, _ in candidates]
+        cached: dict[int, tuple[np.ndarray | None, int]] = {}
+        with self._lock:
+            for i, key in enumerate(keys):
+                entry = self._items.get(key)
+                if entry is not None:
+                    self._items.move_to_end(key)
+                    cached[i] = entry
+        dim = encoder.dim
+        found: dict[int, tuple[np.ndarray, int]] = dict(known or {})
+        given = [i for i in range(n) if i not in found and is_raw(candidates[i][2], dim)]
+        need_counts = [i for i in given if i not in cached]
+        counts = encoder.token_counts([candidates[i][1] for i in need_counts]) if need_counts else []
+        fresh_counts = dict(zip(need_counts, (int(c) for c in counts)))
+        for i in given:
+            count = cached[i][1] if i in cached else fresh_counts[i]
+            found[i] = (np.asarray(candidates[i][2], dtype=np.float32), count)
+        for i in range(n):
+            if i not in found and i in cached and cached[i][0] is not None:
+                found[i] = (cached[i][0], cached[i][1])  # type: ignore[assignment]  # checked not None
+        todo = [i for i in range(n) if i not in found]
+        encoded: dict[int, tuple[np.ndarray, int]] = {}
+        if todo:
+            vectors, new_counts = encoder.encode_with_counts([candidates[i][1] for i in todo])
+            for j, i in enumerate(todo):
+                encoded[i] = (np.array(vectors[j], dtype=np.float32, copy=True), int(new_counts[j]))
+            found.update(encoded)
+        if self.size:
+            with self._lock:
+                for i, (vec, count) in encoded.items():
+                    self._items[keys[i]] = (vec, count)
+                    self._items.move_to_end(keys[i])
+                for i, count in fresh_counts.items():
+                    if keys[i] not in self._items:
+                        self._items[keys[i]] = (None, count)
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
         return (np.stack([found[i][0] for i in range(n)]),
                 np.array([found[i][1] for i in range(n)], dtype=np.int64))

@@ -1,14 +1,17 @@
 """``NormRankPostprocessor``: re-rank retrieved nodes by the norm-aware blend.
 
-Where the vectors come from
-    A node's ``embedding`` is reused when it is raw (not unit length) and has the
-    encoder's dimension, i.e. it came from :class:`~llama_index.embeddings.normrank.NormRankEmbedding`
-    or another raw encoding of the same model. Otherwise (the usual case: SimpleVectorStore
-    and FaissVectorStore return nodes without embeddings, and stock embedding models return
-    unit vectors) the node text is encoded with :class:`normrank.RawEncoder` and kept in an
-    in-memory LRU cache keyed by node id and content hash, so a node is encoded once.
-    The query likewise: ``query_bundle.embedding`` when raw, else ``query_str`` is encoded
-    (the async path and ``postprocess_nodes(query_str=...)`` give no embedding at all).
+Where the vectors come from (no model call for what is already known)
+    1. A node's ``embedding`` when raw (not unit length) and of the encoder's dimension,
+       i.e. from :class:`~llama_index.embeddings.normrank.NormRankEmbedding` or another raw
+       encoding of the same model; used for that call only, never cached.
+    2. Built with :meth:`NormRankPostprocessor.from_index`, the vector the index holds for a
+       node with the same id and the same text (``NormIndex.vectors``).
+    3. Otherwise (the usual case: SimpleVectorStore and FaissVectorStore return nodes without
+       embeddings, and stock embedding models return unit vectors) the node content is
+       encoded with :class:`normrank.RawEncoder` and kept in an in-memory LRU cache keyed by
+       node id and content hash, so a node is encoded once.
+    The query likewise: ``query_bundle.embedding`` when raw (a ``VectorStoreIndex`` retriever
+    with ``NormRankEmbedding`` leaves it there), else ``query_str`` is encoded.
 
 Where the calibration comes from
     The document feature ``g(d)`` needs a calibration of norm against length. Give one
@@ -23,7 +26,9 @@ The arithmetic is :func:`normrank.scoring.rescore`, the same the index uses.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,35 +38,67 @@ from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
-from normrank.candidate_vectors import CandidateVectorCache, calibrator_from_texts, is_raw, model_setting
+from normrank.candidate_vectors import (
+    EXPLANATION_KEY,
+    CandidateVectorCache,
+    build_encoder,
+    calibrator_from_texts,
+    encoder_settings,
+    explanation,
+    is_blank,
+    is_raw,
+    stored_vectors,
+    unscored_explanation,
+    with_explanation,
+    weights_from,
+)
 from normrank.calibration import NormCalibrator
-from normrank.config import NormRankConfig, build_encoder, build_weights, load_config, saved_index
+from normrank.config import NormRankConfig, build_weights, load_config, saved_index
+from normrank.config import build_encoder as encoder_from_config
 from normrank.encoders import RawEncoder
 from normrank.errors import EmptyTextError, InvalidArgumentError
+from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
-from llama_index.retrievers.normrank.base import SCORE_KEYS, explanation, hidden_keys
-
+logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
+
+#: Constructor arguments that are not fields.
+_EXTRA_ARGS = ("encoder",)
+
+
+def _hide(node: BaseNode, key: str) -> dict[str, list[str]]:
+    """``excluded_*_metadata_keys`` with ``key`` added (only normrank's own key is ever hidden)."""
+    return {
+        "excluded_llm_metadata_keys": [*node.excluded_llm_metadata_keys,
+                                       *([key] if key not in node.excluded_llm_metadata_keys else [])],
+        "excluded_embed_metadata_keys": [*node.excluded_embed_metadata_keys,
+                                         *([key] if key not in node.excluded_embed_metadata_keys else [])],
+    }
 
 
 class NormRankPostprocessor(BaseNodePostprocessor):
     """Re-score nodes by ``cos + w(q) * g(d)`` and keep the best ``top_n``.
 
-    The new score is ``NodeWithScore.score``; a copy of each node gets the explanation in its
-    metadata (``relevance_score``, ``cosine``, ``norm_feature``, ``weight``, ``norm``, and the
-    incoming score as ``retrieval_score`` when ``keep_retrieval_score``), hidden from the LLM
-    and embed views. The caller's nodes are never changed.
+    The new score is ``NodeWithScore.score``. A copy of each node gets the explanation under
+    one metadata key, ``metadata["normrank"] = {"score", "cosine", "norm_feature", "weight",
+    "norm"}`` (and the incoming score as ``"retrieval_score"`` when ``keep_retrieval_score``),
+    hidden from the LLM and embed views; the node's own metadata keys are left as they are.
+    The caller's nodes are never changed. A node without text cannot be scored: it is passed
+    through after the scored ones, with ``score=None`` and a logged warning.
 
     ``Weights()`` (the default) ranks by plain cosine of the raw encoder; set ``weights``
-    by hand, from a fitted index (:meth:`from_index`) or from ``normrank.yaml``.
+    by hand (a ``Weights`` or its dict; unknown keys are refused), from a fitted index
+    (:meth:`from_index`) or from ``normrank.yaml``. Unknown constructor arguments are refused.
+    Thread-safe: one instance may serve concurrent queries.
     """
 
     top_n: int = Field(5, gt=0, description="Nodes kept after re-ranking.")
-    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in metadata['retrieval_score'].")
+    keep_retrieval_score: bool = Field(
+        True, description="Keep the incoming score in metadata['normrank']['retrieval_score'].")
     weights: Weights = Field(default_factory=Weights, description="The blend (a, b, feature, mode, ...).")
     calibrator: NormCalibrator | None = Field(
         None, description="Document calibration fitted on the corpus; None = calibrate on each call's candidates.")
@@ -70,21 +107,36 @@ class NormRankPostprocessor(BaseNodePostprocessor):
     batch_size: int = Field(64, gt=0, description="Encoder batch size.")
     device: str = Field("cpu", description="Encoder torch device.")
     max_seq_length: int | None = Field(None, gt=0, description="Encoder max tokens (None = model default).")
+    pooling: str = Field("mean", description="Encoder pooling: mean (the stock model) or a research pooling.")
+    sif_a: float = Field(1e-3, gt=0, description="SIF constant of the sif pooling.")
     metadata_mode: MetadataMode = Field(MetadataMode.EMBED, description="Node content view that is encoded.")
     cache_size: int = Field(10_000, ge=0, description="Node vectors kept in memory (by node id + content hash).")
 
     _encoder: RawEncoder | None = PrivateAttr(None)
     _cache: CandidateVectorCache = PrivateAttr(default_factory=CandidateVectorCache)  # sized in __init__
+    _source: Any = PrivateAttr(None)  # the NormIndex given to from_index, for its stored vectors
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(self, *, encoder: RawEncoder | None = None, **data: Any) -> None:
+        allowed = sorted({*type(self).model_fields, *_EXTRA_ARGS})
+        unknown = sorted(k for k in data if k not in allowed)
+        if unknown:
+            raise InvalidArgumentError(
+                f"NormRankPostprocessor got unknown arguments {unknown}; allowed: {allowed}")
+        if "weights" in data:
+            data["weights"] = weights_from(data["weights"])
+        if data.get("pooling", "mean") not in POOLINGS:
+            raise InvalidArgumentError(f"unknown pooling {data['pooling']!r}; choose one of {list(POOLINGS)}")
         if encoder is not None:
-            data.setdefault("model", model_setting(encoder))
-            data.setdefault("batch_size", encoder.batch_size)
-            data.setdefault("device", encoder.device)
-            data.setdefault("max_seq_length", encoder.max_seq_length)
+            if not isinstance(encoder, RawEncoder):
+                raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+            for key, value in encoder_settings(encoder).items():
+                if key in type(self).model_fields:
+                    data.setdefault(key, value)
         super().__init__(**data)
         self._cache = CandidateVectorCache(self.cache_size)
         self._encoder = encoder
+        self._lock = threading.Lock()
 
     @classmethod
     def class_name(cls) -> str:
@@ -93,18 +145,24 @@ class NormRankPostprocessor(BaseNodePostprocessor):
     # ------------------------------------------------------------ builders
     @classmethod
     def from_index(cls, index: NormIndex, **kwargs: Any) -> NormRankPostprocessor:
-        """Use a ``NormIndex``'s encoder, calibrations and (fitted) weights; ``kwargs`` set the rest."""
+        """Use a ``NormIndex``'s encoder, calibrations, (fitted) weights and stored vectors.
+
+        Nodes the index holds (same id, same text) are scored with the vectors it stores, so
+        re-ranking its own documents encodes nothing but (at most) the query. ``kwargs`` set the rest.
+        """
         kwargs.setdefault("weights", index.weights)
-        return cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
+        post = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
                    **kwargs)
+        post._source = index
+        return post
 
     @classmethod
     def from_config(cls, source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig) -> NormRankPostprocessor:
         """Build from a ``normrank.yaml`` (path or dict): encoder, scoring and the ``llamaindex`` section.
 
         With ``llamaindex.calibration`` ``index`` (or ``auto`` and a saved index at ``store.path``)
-        the calibrations and weights come from that index; otherwise each call calibrates on
-        its candidates.
+        the calibrations, weights and stored vectors come from that index; otherwise each call
+        calibrates on its candidates.
         """
         config = load_config(source)
         section = config.llamaindex
@@ -113,7 +171,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
         index = saved_index(config, section.calibration, "llamaindex")
         if index is not None:
             return cls.from_index(index, **options)
-        return cls(encoder=build_encoder(config), weights=build_weights(config), **options)
+        return cls(encoder=encoder_from_config(config), weights=build_weights(config), **options)
 
     def calibrate(self, texts: Sequence[str]) -> NormRankPostprocessor:
         """Fit the document calibration on representative corpus texts (encodes them); returns self."""
@@ -122,29 +180,43 @@ class NormRankPostprocessor(BaseNodePostprocessor):
 
     @property
     def encoder(self) -> RawEncoder:
-        """The raw encoder, built from ``model``/``batch_size``/``device`` on first use."""
+        """The raw encoder, built from the encoder fields on first use (once, also under threads)."""
         if self._encoder is None:
-            self._encoder = RawEncoder(self.model, batch_size=self.batch_size, device=self.device,
-                                       max_seq_length=self.max_seq_length, show_progress=False)
+            with self._lock:
+                if self._encoder is None:
+                    self._encoder = build_encoder(
+                        self.model, pooling=self.pooling, sif_a=self.sif_a, batch_size=self.batch_size,
+                        device=self.device, max_seq_length=self.max_seq_length)
         return self._encoder
 
     # ------------------------------------------------------------ vectors
     def _query_vector(self, query_bundle: QueryBundle) -> tuple[np.ndarray, int | None]:
         text = query_bundle.query_str
         if is_raw(query_bundle.embedding, self.encoder.dim):
-            count = int(self.encoder.token_counts([text])[0]) if text and text.strip() else None
+            count = None if is_blank(text) else int(self.encoder.token_counts([text])[0])
             return np.asarray(query_bundle.embedding, dtype=np.float32), count
-        if not text or not text.strip():
+        if is_blank(text):
             raise EmptyTextError("the query is empty and has no raw embedding: nothing to re-rank by")
         vectors, counts = self.encoder.encode_with_counts([text])
         return vectors[0], int(counts[0])
 
     def _node_vectors(self, nodes: Sequence[NodeWithScore]) -> tuple[np.ndarray, np.ndarray]:
+        encoder = self.encoder
         items = [(n.node.node_id, n.node.get_content(metadata_mode=self.metadata_mode), n.node.embedding)
                  for n in nodes]
-        return self._cache.vectors(self.encoder, items, kind="node")
+        known = stored_vectors(self._source, [(n.node.node_id, n.node.get_content(metadata_mode=MetadataMode.NONE))
+                                              for n in nodes], encoder.dim)
+        return self._cache.vectors(encoder, items, known=known)
 
     # ------------------------------------------------------------ re-ranking
+    def _explained(self, old: NodeWithScore, score: float | None, parts: dict[str, dict[str, Any]]) -> NodeWithScore:
+        if self.keep_retrieval_score:
+            parts[EXPLANATION_KEY]["retrieval_score"] = old.score
+        metadata = with_explanation(old.node.metadata, parts, f"node {old.node.node_id!r}")
+        hidden = _hide(old.node, EXPLANATION_KEY) if metadata.get(EXPLANATION_KEY) is parts[EXPLANATION_KEY] else {}
+        node = old.node.model_copy(update={"metadata": metadata, **hidden})
+        return NodeWithScore(node=node, score=score)
+
     def _postprocess_nodes(
         self,
         nodes: list[NodeWithScore],
@@ -162,23 +234,23 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.encoder.model_name,
                      EventPayload.QUERY_STR: query_bundle.query_str, EventPayload.TOP_K: self.top_n},
         ) as event:
-            query, query_count = self._query_vector(query_bundle)
-            vectors, counts = self._node_vectors(nodes)
-            hits = rescore(query, vectors, counts, weights=self.weights, calibrator=self.calibrator,
-                           query_calibrator=self.query_calibrator, query_token_count=query_count)
-            if len(hits) != len(nodes):  # pragma: no cover - rescore returns one hit per vector
-                raise InvalidArgumentError(f"{len(hits)} scores for {len(nodes)} nodes")
-            order = sorted(range(len(nodes)), key=lambda i: -hits[i].score)[: self.top_n]
+            blank = [i for i, n in enumerate(nodes) if is_blank(n.node.get_content(metadata_mode=MetadataMode.NONE))]
+            scored = [i for i in range(len(nodes)) if i not in set(blank)]
+            if blank:
+                logger.warning("%d of %d nodes have no text and cannot be scored; passed through last, "
+                               "unscored: %s", len(blank), len(nodes), [nodes[i].node.node_id for i in blank[:5]])
             out = []
-            for i in order:
-                old = nodes[i]
-                metadata = {**old.node.metadata, **explanation(hits[i])}
-                keys = list(SCORE_KEYS)
-                if self.keep_retrieval_score:
-                    metadata["retrieval_score"] = old.score
-                    keys.append("retrieval_score")
-                node = old.node.model_copy(update={"metadata": metadata, **hidden_keys(old.node, keys)})
-                out.append(NodeWithScore(node=node, score=hits[i].score))
+            if scored:
+                query, query_count = self._query_vector(query_bundle)
+                vectors, counts = self._node_vectors([nodes[i] for i in scored])
+                hits = rescore(query, vectors, counts, weights=self.weights, calibrator=self.calibrator,
+                               query_calibrator=self.query_calibrator, query_token_count=query_count)
+                if len(hits) != len(scored):  # pragma: no cover - rescore returns one hit per vector
+                    raise InvalidArgumentError(f"{len(hits)} scores for {len(scored)} nodes")
+                order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
+                out = [self._explained(nodes[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
+            out.extend(self._explained(nodes[i], None, unscored_explanation("no text")) for i in blank)
+            out = out[: self.top_n]
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out

@@ -1,9 +1,14 @@
 """``NormRankRanker``: a Haystack component that re-ranks documents by the norm-aware blend.
 
-A document's ``embedding`` is reused when it is raw (the encoder's dimension, not unit
-length); otherwise its content is encoded with :class:`normrank.RawEncoder` (kept in an
-in-memory LRU cache keyed by document id and content hash). Haystack's own embedders
-return unit vectors for normalised models, so those documents are re-encoded.
+Where the vectors come from (no model call for what is already known)
+    1. A document's ``embedding`` when raw (the encoder's dimension, not unit length); used
+       for that call only, never cached. Haystack's own embedders return unit vectors for
+       normalised models, so those documents are re-encoded.
+    2. Built with :meth:`NormRankRanker.from_index`, the vector the index holds for a
+       document with the same id and the same content (``NormIndex.vectors``).
+    3. Otherwise the content is encoded with :class:`normrank.RawEncoder` and kept in an
+       in-memory LRU cache keyed by document id and content hash.
+    The query likewise: the ``query_embedding`` input when raw, else ``query`` is encoded.
 
 The document calibration comes from a fitted index (:meth:`NormRankRanker.from_index`),
 from :meth:`NormRankRanker.calibrate`, or, with none, from each call's candidates (see
@@ -13,7 +18,9 @@ from :meth:`NormRankRanker.calibrate`, or, with none, from each call's candidate
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,13 +28,33 @@ from typing import Any
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
 
-from normrank.candidate_vectors import CandidateVectorCache, calibrator_from_texts, model_setting
+from normrank.candidate_vectors import (
+    EXPLANATION_KEY,
+    CandidateVectorCache,
+    build_encoder,
+    calibrator_from_texts,
+    encoder_settings,
+    explanation,
+    is_blank,
+    is_raw,
+    stored_vectors,
+    unscored_explanation,
+    with_explanation,
+    weights_from,
+)
 from normrank.calibration import NormCalibrator
-from normrank.config import NormRankConfig, build_encoder, build_weights, load_config, saved_index
+from normrank.config import NormRankConfig, build_weights, load_config, saved_index
+from normrank.config import build_encoder as encoder_from_config
 from normrank.encoders import RawEncoder
 from normrank.errors import EmptyTextError, InvalidArgumentError
+from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
+
+logger = logging.getLogger(__name__)
+
+#: The type name pipelines serialised before the package moved; still loads.
+OLD_TYPE_NAME = "haystack_normrank.ranker.NormRankRanker"
 
 
 def _check_top_k(top_k: Any) -> int:
@@ -36,14 +63,20 @@ def _check_top_k(top_k: Any) -> int:
     return top_k
 
 
+def _calibrator(value: NormCalibrator | Mapping[str, Any] | None) -> NormCalibrator | None:
+    return NormCalibrator.from_dict(dict(value)) if isinstance(value, Mapping) else value
+
+
 @component
 class NormRankRanker:
     """Re-rank documents by ``cos + w(q) * g(d)`` and return the best ``top_k``.
 
-    Each returned document is a copy with ``score`` set to the blended score and
-    ``meta`` extended by ``relevance_score``, ``cosine``, ``norm_feature``, ``weight``,
-    ``norm`` (and ``retrieval_score``, the incoming score, when ``keep_retrieval_score``).
-    The input documents are not changed.
+    Each returned document is a copy with ``score`` set to the blended score and one meta
+    key added, ``meta["normrank"] = {"score", "cosine", "norm_feature", "weight", "norm"}``
+    (and ``"retrieval_score"``, the incoming score, when ``keep_retrieval_score``); the
+    document's own meta keys are left as they are. The input documents are not changed.
+    A document without text cannot be scored: it is passed through after the scored ones,
+    with ``score=None`` and a logged warning.
 
     Usage
     -----
@@ -51,7 +84,8 @@ class NormRankRanker:
     >>> ranker.warm_up()
     >>> ranker.run(query="capital of France", documents=docs)["documents"]  # doctest: +SKIP
 
-    ``Weights()`` (the default) ranks by plain cosine of the raw encoder.
+    ``Weights()`` (the default) ranks by plain cosine of the raw encoder. Thread-safe: one
+    instance may serve concurrent ``run`` / ``run_async`` calls.
     """
 
     def __init__(
@@ -66,58 +100,78 @@ class NormRankRanker:
         batch_size: int = 64,
         device: str = "cpu",
         max_seq_length: int | None = None,
+        pooling: str = "mean",
+        sif_a: float = 1e-3,
         cache_size: int = 10_000,
         encoder: RawEncoder | None = None,
     ) -> None:
         """
         :param model: Local sentence-transformers folder; ``None`` = the bundled all-MiniLM-L6-v2.
         :param top_k: Documents returned by default (``run(top_k=...)`` overrides it).
-        :param weights: The blend, as ``Weights`` or its dict (``a``, ``b``, ``feature``, ``mode``, ...).
+        :param weights: The blend, as ``Weights`` or its dict (``a``, ``b``, ``feature``, ``mode``, ...);
+            unknown keys are refused.
         :param calibrator: Document calibration fitted on the corpus (or its dict); ``None`` calibrates
             on each call's documents.
         :param query_calibrator: Query calibration (needed when ``b != 0``).
-        :param keep_retrieval_score: Keep the incoming score in ``meta["retrieval_score"]``.
+        :param keep_retrieval_score: Keep the incoming score in ``meta["normrank"]["retrieval_score"]``.
         :param batch_size: Encoder batch size.
         :param device: Encoder torch device.
         :param max_seq_length: Encoder token limit (``None`` = model default).
+        :param pooling: Encoder pooling: ``mean`` (the stock model) or a research pooling
+            (``norm``, ``norm2``, ``inv_norm``, ``sif``; see :mod:`normrank.pooling`).
+        :param sif_a: The SIF constant of the ``sif`` pooling.
         :param cache_size: Document vectors kept in memory.
-        :param encoder: An existing ``RawEncoder`` to share (then ``model`` and the encoder settings
-            are taken from it and not serialised separately).
-        :raises InvalidArgumentError: ``top_k`` or ``cache_size`` is out of range, or a weight is invalid.
+        :param encoder: An existing ``RawEncoder`` to share (then ``model`` and every encoder setting
+            are taken from it, and serialised, so ``Pipeline.dumps`` rebuilds the same encoder).
+        :raises InvalidArgumentError: ``top_k``, ``cache_size``, ``pooling`` or a weight is invalid.
         """
         self.top_k = _check_top_k(top_k)
-        self.weights = weights if isinstance(weights, Weights) else Weights(**dict(weights or {}))
-        self.calibrator = (NormCalibrator.from_dict(dict(calibrator)) if isinstance(calibrator, Mapping)
-                           else calibrator)
-        self.query_calibrator = (NormCalibrator.from_dict(dict(query_calibrator))
-                                 if isinstance(query_calibrator, Mapping) else query_calibrator)
+        self.weights = weights_from(weights)
+        self.calibrator = _calibrator(calibrator)
+        self.query_calibrator = _calibrator(query_calibrator)
         self.keep_retrieval_score = keep_retrieval_score
         if encoder is not None:
-            model = model_setting(encoder)
-            batch_size, device, max_seq_length = encoder.batch_size, encoder.device, encoder.max_seq_length
+            if not isinstance(encoder, RawEncoder):
+                raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+            settings = encoder_settings(encoder)
+            model, batch_size, device = settings["model"], settings["batch_size"], settings["device"]
+            max_seq_length, pooling, sif_a = settings["max_seq_length"], settings["pooling"], settings["sif_a"]
+        if pooling not in POOLINGS:
+            raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
         self.model = model
         self.batch_size = batch_size
         self.device = device
         self.max_seq_length = max_seq_length
+        self.pooling = pooling
+        self.sif_a = sif_a
         self.cache_size = cache_size
         self._encoder = encoder
         self._cache = CandidateVectorCache(cache_size)
+        self._source: Any = None  # the NormIndex given to from_index, for its stored vectors
+        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ builders
     @classmethod
     def from_index(cls, index: NormIndex, **kwargs: Any) -> NormRankRanker:
-        """Use a ``NormIndex``'s encoder, calibrations and (fitted) weights; ``kwargs`` set the rest."""
+        """Use a ``NormIndex``'s encoder, calibrations, (fitted) weights and stored vectors.
+
+        Documents the index holds (same id, same content) are scored with the vectors it
+        stores, so re-ranking its own documents encodes nothing but (at most) the query.
+        ``kwargs`` set the rest.
+        """
         kwargs.setdefault("weights", index.weights)
-        return cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
-                   **kwargs)
+        ranker = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
+                     **kwargs)
+        ranker._source = index
+        return ranker
 
     @classmethod
     def from_config(cls, source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig) -> NormRankRanker:
         """Build from a ``normrank.yaml`` (path or dict): encoder, scoring and the ``haystack`` section.
 
         With ``haystack.calibration`` ``index`` (or ``auto`` and a saved index at ``store.path``)
-        the calibrations and weights come from that index; otherwise each call calibrates on its
-        documents.
+        the calibrations, weights and stored vectors come from that index; otherwise each call
+        calibrates on its documents.
         """
         config = load_config(source)
         section = config.haystack
@@ -126,30 +180,40 @@ class NormRankRanker:
         index = saved_index(config, section.calibration, "haystack")
         if index is not None:
             return cls.from_index(index, **options)
-        return cls(encoder=build_encoder(config), weights=build_weights(config), **options)
+        return cls(encoder=encoder_from_config(config), weights=build_weights(config), **options)
 
     def to_dict(self) -> dict[str, Any]:
-        """Serialise for ``Pipeline.dumps``; calibrations are stored as their JSON dicts."""
+        """Serialise for ``Pipeline.dumps``: every setting, calibrations as their JSON dicts.
+
+        An index given to :meth:`from_index` is not serialised (only its calibrations and
+        weights): the rebuilt ranker encodes what it is given.
+        """
         return default_to_dict(
             self, model=self.model, top_k=self.top_k, weights=self.weights.to_dict(),
             calibrator=self.calibrator.to_dict() if self.calibrator else None,
             query_calibrator=self.query_calibrator.to_dict() if self.query_calibrator else None,
             keep_retrieval_score=self.keep_retrieval_score, batch_size=self.batch_size, device=self.device,
-            max_seq_length=self.max_seq_length, cache_size=self.cache_size,
+            max_seq_length=self.max_seq_length, pooling=self.pooling, sif_a=self.sif_a,
+            cache_size=self.cache_size,
         )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> NormRankRanker:
-        """Rebuild from :meth:`to_dict` output."""
+        """Rebuild from :meth:`to_dict` output, also one saved under the old ``haystack_normrank`` type name."""
+        if data.get("type") == OLD_TYPE_NAME:
+            data = {**data, "type": f"{cls.__module__}.{cls.__qualname__}"}
         return default_from_dict(cls, data)
 
     # ------------------------------------------------------------ model
     def warm_up(self) -> None:
-        """Load the embedding model (pipelines call this before the first run)."""
-        if self._encoder is None:
-            self._encoder = RawEncoder(self.model, batch_size=self.batch_size, device=self.device,
-                                       max_seq_length=self.max_seq_length, show_progress=False)
-        _ = self._encoder.model
+        """Load the embedding model (pipelines call this before the first run); once, also under threads."""
+        with self._lock:
+            if self._encoder is None:
+                self._encoder = build_encoder(
+                    self.model, pooling=self.pooling, sif_a=self.sif_a, batch_size=self.batch_size,
+                    device=self.device, max_seq_length=self.max_seq_length)
+            encoder = self._encoder
+        _ = encoder.model
 
     @property
     def encoder(self) -> RawEncoder:
@@ -164,42 +228,71 @@ class NormRankRanker:
         return self
 
     def _vectors(self, documents: Sequence[Document]) -> tuple[np.ndarray, np.ndarray]:
-        return self._cache.vectors(self.encoder, [(d.id, d.content or "", d.embedding) for d in documents])
+        encoder = self.encoder
+        items = [(d.id, d.content or "", d.embedding) for d in documents]
+        known = stored_vectors(self._source, [(d.id, d.content or "") for d in documents], encoder.dim)
+        return self._cache.vectors(encoder, items, known=known)
+
+    def _query_vector(self, query: str, query_embedding: Sequence[float] | None) -> tuple[np.ndarray, int | None]:
+        if is_raw(query_embedding, self.encoder.dim):
+            count = None if is_blank(query) else int(self.encoder.token_counts([query])[0])
+            return np.asarray(query_embedding, dtype=np.float32), count
+        if is_blank(query):
+            raise EmptyTextError("the query is empty: nothing to rank by")
+        vectors, counts = self.encoder.encode_with_counts([query])
+        return vectors[0], int(counts[0])
+
+    def _explained(self, doc: Document, score: float | None, parts: dict[str, dict[str, Any]]) -> Document:
+        if self.keep_retrieval_score:
+            parts[EXPLANATION_KEY]["retrieval_score"] = doc.score
+        return replace(doc, score=score, meta=with_explanation(doc.meta, parts, f"document {doc.id!r}"))
 
     # ------------------------------------------------------------ running
     @component.output_types(documents=list[Document])
-    def run(self, query: str, documents: list[Document], top_k: int | None = None) -> dict[str, list[Document]]:
+    def run(
+        self,
+        query: str,
+        documents: list[Document],
+        top_k: int | None = None,
+        query_embedding: list[float] | None = None,
+    ) -> dict[str, list[Document]]:
         """
         Re-rank ``documents`` for ``query``.
 
-        :param query: The query text (encoded with the raw encoder).
+        :param query: The query text (encoded with the raw encoder unless ``query_embedding`` is raw).
         :param documents: Candidates, e.g. from a retriever.
         :param top_k: Documents to return; ``None`` uses the component's ``top_k``.
-        :returns: ``{"documents": [...]}``, best first, at most ``top_k``.
-        :raises EmptyTextError: The query or a document has no text.
+        :param query_embedding: The query's embedding, if a text embedder already computed it; used
+            only when raw (the encoder's dimension, not unit length), else ``query`` is encoded.
+        :returns: ``{"documents": [...]}``, best first, at most ``top_k``; documents without text last.
+        :raises EmptyTextError: The query is empty (and no raw ``query_embedding`` is given).
         """
         k = self.top_k if top_k is None else _check_top_k(top_k)
         if not documents:
             return {"documents": []}
-        if not query or not query.strip():
-            raise EmptyTextError("the query is empty: nothing to rank by")
-        qvec, qcount = self.encoder.encode_with_counts([query])
-        vectors, counts = self._vectors(documents)
-        hits = rescore(qvec[0], vectors, counts, weights=self.weights, calibrator=self.calibrator,
-                       query_calibrator=self.query_calibrator, query_token_count=int(qcount[0]))
-        order = sorted(range(len(documents)), key=lambda i: -hits[i].score)[:k]
+        blank = [i for i, d in enumerate(documents) if is_blank(d.content)]
+        scored = [i for i in range(len(documents)) if i not in set(blank)]
+        if blank:
+            logger.warning("%d of %d documents have no text and cannot be scored; passed through last, "
+                           "unscored: %s", len(blank), len(documents), [documents[i].id for i in blank[:5]])
         out = []
-        for i in order:
-            doc, hit = documents[i], hits[i]
-            meta = {**doc.meta, **hit.as_metadata()}
-            if self.keep_retrieval_score:
-                meta["retrieval_score"] = doc.score
-            out.append(replace(doc, score=hit.score, meta=meta))
-        return {"documents": out}
+        if scored:
+            qvec, qcount = self._query_vector(query, query_embedding)
+            vectors, counts = self._vectors([documents[i] for i in scored])
+            hits = rescore(qvec, vectors, counts, weights=self.weights, calibrator=self.calibrator,
+                           query_calibrator=self.query_calibrator, query_token_count=qcount)
+            order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
+            out = [self._explained(documents[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
+        out.extend(self._explained(documents[i], None, unscored_explanation("no text")) for i in blank)
+        return {"documents": out[:k]}
 
     @component.output_types(documents=list[Document])
     async def run_async(
-        self, query: str, documents: list[Document], top_k: int | None = None
+        self,
+        query: str,
+        documents: list[Document],
+        top_k: int | None = None,
+        query_embedding: list[float] | None = None,
     ) -> dict[str, list[Document]]:
         """:meth:`run` in a worker thread, for ``AsyncPipeline``."""
-        return await asyncio.to_thread(self.run, query, documents, top_k)
+        return await asyncio.to_thread(self.run, query, documents, top_k, query_embedding)
