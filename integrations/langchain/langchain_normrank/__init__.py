@@ -1,4 +1,4 @@
-"""LangChain integration of normrank: a retriever over a ``NormIndex`` and raw embeddings.
+"""LangChain integration of normrank: a ``VectorStore``, a retriever and raw embeddings.
 
 Install with ``pip install langchain-normrank``. Imports only ``langchain_core``.
 """
@@ -14,5 +14,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by te
 
 from langchain_normrank.embeddings import NormRankEmbeddings
 from langchain_normrank.retrievers import NormRankRetriever
+from langchain_normrank.vectorstores import NormRankVectorStore, NormRankVectorStoreRetriever
 
-__all__ = ["NormRankEmbeddings", "NormRankRetriever"]
+__all__ = ["NormRankEmbeddings", "NormRankRetriever", "NormRankVectorStore", "NormRankVectorStoreRetriever"]

@@ -61,6 +61,10 @@ class NormRankEmbeddings(Embeddings):
         """The raw vector of one query."""
         return self.encoder.encode([text])[0].tolist()
 
+    def token_counts(self, texts: list[str]) -> list[int]:
+        """Tokens the model sees per text: the length the norm calibration conditions on."""
+        return self.encoder.token_counts(texts).tolist()
+
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
         """Async :meth:`embed_documents`, run in a worker thread so the event loop stays free."""
         return await asyncio.to_thread(self.embed_documents, texts)

