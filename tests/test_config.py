@@ -96,9 +96,12 @@ def test_example_file_builds_every_adapter(encoder):
     from llama_index.retrievers.normrank import NormRankRetriever as LlamaRetriever
 
     config = load_config(EXAMPLE)
-    lc = LangChainRetriever.from_config(EXAMPLE)
+    with pytest.warns(UserWarning, match="empty index"):  # the example has no saved index: an empty one
+        lc = LangChainRetriever.from_config(EXAMPLE)
     assert isinstance(lc.index, NormIndex) and lc.k == config.langchain.k and lc.filter is None
-    assert lc.invoke("anything") == []  # the example has no saved index: an empty one
+    with pytest.raises(ValueError, match="allow_empty=True"):  # EmptyCorpusError, not a silent []
+        lc.invoke("anything")
+    assert LangChainRetriever.from_config(EXAMPLE, allow_empty=True).invoke("anything") == []
     li = LlamaRetriever.from_config(EXAMPLE)
     assert li.similarity_top_k == config.llamaindex.similarity_top_k
     post = NormRankPostprocessor.from_config(EXAMPLE)
@@ -126,7 +129,7 @@ def test_one_file_configures_everything(tmp_path, encoder, demo_texts, demo_enco
         "haystack:\n  top_k: 4\n  calibration: index\n", encoding="utf-8")
     assert build_index(path).weights == Weights(a=0.02)
     lc = NormRankRetriever.from_config(path)
-    assert len(lc.invoke("stars")) == 2 and lc.invoke("stars")[0].metadata["weight"] == pytest.approx(0.02)
+    assert len(lc.invoke("stars")) == 2 and lc.invoke("stars")[0].metadata["normrank"]["weight"] == pytest.approx(0.02)
     post = NormRankPostprocessor.from_config(path)
     assert post.top_n == 3 and post.weights == Weights(a=0.02) and post.calibrator == index.calibrator
     ranker = NormRankRanker.from_config(path)
