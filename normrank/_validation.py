@@ -201,6 +201,8 @@ OPTION_RANGES: dict[str, OptionRange] = {
     "ef_search": OptionRange(1, 65_536, why="HNSW search beam"),
     "nlist": OptionRange(1, 1 << 20, why="IVF lists"),
     "nprobe": OptionRange(1, 1 << 20, why="IVF lists searched"),
+    "dim": OptionRange(1, 65_536, why="vector dimension"),
+    "connect_timeout": OptionRange(1, 3600, why="seconds to wait for a database server"),
     # encoding and batching
     "batch_size": OptionRange(1, 65_536, why="texts per encoder batch"),
     "max_seq_length": OptionRange(1, 8192, why="tokens kept per text"),

