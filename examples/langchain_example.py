@@ -1,4 +1,4 @@
-from langchain_normrank import NormRankRetriever
+from langchain_normrank import NormRankVectorStore
 from normrank import Weights
 
 texts = [
@@ -7,7 +7,8 @@ texts = [
     "The Great Wall of China stretches across northern China.",
     "Mitochondria produce most of the chemical energy a cell needs.",
 ]
-retriever = NormRankRetriever.from_texts(texts, k=2, weights=Weights(a=0.02))
+store = NormRankVectorStore.from_texts(texts, weights=Weights(a=0.02))
+retriever = store.as_retriever(search_kwargs={"k": 2})
 for doc in retriever.invoke("How do plants turn light into energy?"):
-    m = doc.metadata
-    print(f"{m['relevance_score']:.3f} (cos {m['cosine']:.3f}, g(d) {m['norm_feature']:+.2f})  {doc.page_content}")
+    m = doc.metadata["normrank"]
+    print(f"{m['score']:.3f} (cos {m['cosine']:.3f}, g(d) {m['norm_feature']:+.2f})  {doc.page_content}")

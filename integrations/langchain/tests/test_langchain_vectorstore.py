@@ -536,3 +536,28 @@ def test_rag_chain_over_pgvector_serves_the_blended_order(pg_dsn, pg_table, enco
             assert [s for _, s in pairs] == pytest.approx([h.score for h in hits[:4]], abs=1e-5)
     finally:
         store.index.close()
+
+
+def test_vectorstore_example_runs():
+    """examples/langchain_vectorstore.py: indexing twice adds nothing, the chain shows the context in the
+    blended order, and the reloaded store answers as before."""
+    import ast
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "examples" / "langchain_vectorstore.py"
+    if not path.exists():
+        pytest.skip("the example is not in this checkout")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    first, second = ast.literal_eval(lines[0]), ast.literal_eval(lines[1])
+    assert first["num_added"] == 4 and second["num_added"] == 0 and second["num_skipped"] == 4
+    scored = [ln.split("  ", 1)[1] for ln in lines[2:4]]
+    context = [ln[2:] for ln in lines if ln.startswith("- ")]
+    assert context == scored and scored[0].startswith("Photosynthesis")
+    reloaded = ast.literal_eval(lines[-1].split(": ", 1)[1])
+    assert [c[:30] for c in context] == reloaded
