@@ -130,7 +130,8 @@ def _warnings(a: Analysis, norms: np.ndarray, g: np.ndarray) -> list[str]:
         out.append("the calibrated norm feature is constant: the norm term cannot reorder anything")
     elif abs(a.spearman_feature_length) > 0.3:
         out.append(f"the calibrated feature still tracks length (Spearman {a.spearman_feature_length:+.3f}): "
-                   "the calibration did not remove length; refit it on more documents (index.recalibrate())")
+                   "the calibration did not remove length; refit it on all documents: `normrank recalibrate DIR` "
+                   "(Python: index.recalibrate())")
     if a.n_docs < MIN_DOCS:
         out.append(f"only {a.n_docs} documents: the length calibration rests on few points; treat it as rough")
     return out

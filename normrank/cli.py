@@ -10,6 +10,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,39 +20,142 @@ logger = logging.getLogger(__name__)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Index the bundled demo corpus and show cosine and normrank rankings side by side."""
+    """Fit the blend on the bundled judged queries (cross-validated), print the verdict, and show side by
+    side where a blend moves a result and why; never a weight that ranks the demo queries worse."""
     from normrank.cache import cache_dir
-    from normrank.datasets import demo_rows
+    from normrank.datasets import demo_qrels, demo_rows
+    from normrank.errors import InvalidArgumentError
     from normrank.scoring import Weights
     from normrank.store import NormIndex
 
+    if args.k <= 0:
+        raise InvalidArgumentError(f"k must be a positive integer, got {args.k}")
     docs = demo_rows("demo_corpus.jsonl")
-    queries = [q["text"] for q in demo_rows("demo_queries.jsonl")]
-    if args.query:
-        queries = args.query
+    queries = {q["_id"]: q["text"] for q in demo_rows("demo_queries.jsonl")}
+    qrels = demo_qrels()
     texts = [f"{d['title']}\n{d['text']}" for d in docs]
     index = NormIndex.from_texts(texts, ids=[d["_id"] for d in docs], metadatas=[{"title": d["title"]} for d in docs])
     out = Path(args.out) if args.out else cache_dir() / "demo-index"
+    print(f"normrank demo: {len(index)} passages, {len(qrels)} judged queries, model {index.encoder.model_name}")
+
+    report = index.fit(queries, qrels, folds=5)  # fits the query calibration too; applies what it chose
     index.save(out)
     index = NormIndex.load(out, encoder=index.encoder)
-    index.calibrate_queries([q["text"] for q in demo_rows("demo_queries.jsonl")])
-    blend = Weights(a=args.a, b=args.b, feature="calibrated")
-    print(f"normrank demo: {len(index)} passages, model {index.encoder.model_name}")
-    print(f"saved to {out} and reloaded; blend: s = cos + ({args.a:+g} {args.b:+g}*g_q) * g(d), "
-          "a hand-set illustrative weight (fit your own with `normrank eval`/`normrank fit`)\n")
-    for q in queries:
-        index.set_weights(Weights())
-        cos_hits = index.search(q, args.k)
-        index.set_weights(blend)
-        nr_hits = index.search(q, args.k)
-        print(f"query: {q}")
-        print(f"  {'cosine ranking':<38} | {'normrank ranking':<38} cosine  g(d)   w(q)   score")
-        for c, h in zip(cos_hits, nr_hits):
-            print(f"  {c.id:<10} {c.cosine:6.3f} {c.metadata['title'][:20]:<20} | "
-                  f"{h.id:<10} {h.metadata['title'][:27]:<27} {h.cosine:6.3f} {h.norm_feature:+6.2f} "
-                  f"{h.weight:+6.3f} {h.score:6.3f}")
-        print()
+    print(f"fit: 5-fold cross-validation over the {report.n_queries} queries, one-sided paired t-test "
+          f"against cosine (the saved index at {out} uses what it chose)")
+    print(f"  nDCG@10 cosine {report.cosine_ndcg:.4f}; blend fitted without each query, on that query: "
+          f"{report.cv_blend_ndcg:.4f} (gain {report.cv_gain:+.4f}, p={report.p_value:.3g})")
+    if report.accepted:
+        print(f"verdict: the norm blend helps here: {_blend_str(report.weights)}; {report.reason}")
+    else:
+        print(f"verdict: plain cosine kept ({report.reason}). normrank never adopts a blend that held-out "
+              "queries do not confirm; on your data, measure with `normrank eval` or `normrank fit`.")
+
+    qids = list(qrels)
+    if args.a is not None or args.b is not None:
+        shown = Weights(a=args.a or 0.0, b=args.b or 0.0)
+        label = "your blend"
+    elif report.accepted:
+        shown, label = report.weights, "the fitted blend"
+    else:
+        shown, label = Weights(**report.best_candidate), "the best blend on all judged queries (not adopted)"
+    vectors, counts = index.encoder.encode_with_counts([queries[q] for q in qids])
+    cos_nd, blend_nd = _demo_ndcg(index, vectors, counts, qrels, qids, shown)
+    print()
+    if shown.is_cosine:
+        print("no blend to show: plain cosine was also the best ranking on the judged queries")
+        return 0
+    print(f"{label}: {_blend_str(shown)}: s = cos + w(q) * g(d), w(q) = a + b * g_q(q)")
+    print(f"  nDCG@10 on the {len(qids)} judged queries: cosine {cos_nd.mean():.4f}, blend {blend_nd.mean():.4f} "
+          f"({int((blend_nd > cos_nd + 1e-9).sum())} better, {int((blend_nd < cos_nd - 1e-9).sum())} worse"
+          + (", measured on the queries it was chosen on" if label.startswith("the best") else "") + ")")
+    if blend_nd.mean() < cos_nd.mean() - 1e-9:
+        print("  warning: this blend ranks the judged demo queries WORSE than plain cosine")
+    print("  g(d): the document's norm with its length effect removed (robust z-score, clipped at +-3); "
+          "w(q) * g(d) is the norm term added to the cosine")
+    print()
+    if args.query:
+        qv, qc = index.encoder.encode_with_counts(list(args.query))
+        for q, v, c in zip(args.query, qv, qc):
+            _demo_query(index, q, v, int(c), args.k, shown, None)
+        return 0
+    cos_top = _top_ids(index, vectors, counts, args.k, Weights())
+    blend_top = _top_ids(index, vectors, counts, args.k, shown)
+    changed = [i for i in range(len(qids)) if cos_top[i] != blend_top[i]]
+    gain = blend_nd - cos_nd
+    moved = sorted((i for i in changed if abs(gain[i]) > 1e-9), key=lambda i: -gain[i])
+    print(f"the blend changes the top {args.k} of {len(changed)} of the {len(qids)} judged queries; "
+          f"{len(moved)} of them change nDCG@10" + (":" if moved else ""))
+    for i in moved[:MAX_DEMO_QUERIES]:
+        _demo_query(index, queries[qids[i]], vectors[i], int(counts[i]), args.k, shown, (cos_nd[i], blend_nd[i]))
+    if len(changed) > len(moved):
+        print(f"in the other {len(changed) - len(moved)} queries the blend only reorders passages judged "
+              "equally relevant (or not relevant); see them with --query \"...\"")
     return 0
+
+
+#: Judged queries the demo prints side by side at most.
+MAX_DEMO_QUERIES = 5
+
+
+def _blend_str(w: Any) -> str:
+    if w.is_cosine:
+        return "plain cosine"
+    if w.mode == "tiebreak":
+        return f"tiebreak eps={w.epsilon:g} sign={'+' if w.a > 0 else '-'} ({w.feature} feature)"
+    return f"{w.mode} a={w.a:+g} b={w.b:+g} ({w.feature} feature)"
+
+
+def _demo_ndcg(index: Any, vectors: np.ndarray, counts: np.ndarray, qrels: dict[str, dict[str, int]],
+               qids: list[str], shown: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query nDCG@10 of plain cosine and of ``shown`` (exact, over every passage)."""
+    from normrank.fitting import score_grid
+    from normrank.scoring import Weights
+
+    cands = index.cosine_candidates(list(vectors), len(index), query_token_counts=[int(c) for c in counts])
+    m = score_grid(cands, qids, qrels, [Weights(), shown])
+    return m[0], m[1]
+
+
+def _top_ids(index: Any, vectors: np.ndarray, counts: np.ndarray, k: int, weights: Any) -> list[list[str]]:
+    old = index.weights
+    index.set_weights(weights)
+    try:
+        runs = index.search_batch(list(vectors), k, query_token_counts=[int(c) for c in counts])
+        return [[h.id for h in hits] for hits in runs]
+    finally:
+        index.set_weights(old)
+
+
+def _demo_query(index: Any, query: str, vector: np.ndarray, count: int, k: int, shown: Any,
+                nd: tuple[float, float] | None) -> None:
+    """Cosine and blend rankings of one query side by side, and why each moved hit moved."""
+    from normrank.scoring import Weights
+
+    old = index.weights
+    try:
+        index.set_weights(Weights())
+        everything = index.search(vector, len(index), query_token_count=count)
+        index.set_weights(shown)
+        hits = index.search(vector, k, query_token_count=count)
+    finally:
+        index.set_weights(old)
+    cos_hits = everything[:k]
+    cos_rank = {h.id: r for r, h in enumerate(everything, 1)}
+    tail = f"   nDCG@10 cosine {nd[0]:.3f} -> blend {nd[1]:.3f}" if nd else ""
+    print(f"query: {query}{tail}")
+    print(f"  {'cosine ranking':<33} | {'blend ranking':<31} {'cosine':>6} {'g(d)':>6} {'w(q)':>7} "
+          f"{'norm term':>9} {'score':>6}")
+    for r, (c, h) in enumerate(zip(cos_hits, hits), 1):
+        print(f"  {r} {c.id:<8} {c.cosine:6.3f} {c.metadata.get('title', '')[:15]:<15} | "
+              f"{r} {h.id:<8} {h.metadata.get('title', '')[:20]:<20} {h.cosine:6.3f} {h.norm_feature:+6.2f} "
+              f"{h.weight:+7.4f} {h.score - h.cosine:+9.4f} {h.score:6.3f}")
+    for r, h in enumerate(hits, 1):
+        was = cos_rank.get(h.id, 0)
+        if was != r:
+            print(f"  why: {h.id} {'rose' if was > r else 'fell'} from {was} to {r}: w(q) {h.weight:+.4f} x "
+                  f"g(d) {h.norm_feature:+.2f} adds {h.score - h.cosine:+.4f} to its cosine {h.cosine:.3f}")
+    print()
 
 
 # ------------------------------------------------------------------ index
@@ -120,6 +224,27 @@ def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
     return out
 
 
+def _check_out_folder(out: str | Path) -> None:
+    """Refuse an ``--out`` that ``save`` would refuse, before any minute of encoding is spent on it.
+
+    Raises
+    ------
+    IndexFormatError
+        ``out`` is a file, or a non-empty folder that normrank did not write.
+    """
+    from normrank import persistence
+    from normrank.errors import IndexFormatError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise IndexFormatError(f"--out {path} exists and is not a folder")
+    foreign = persistence.foreign_entries(path)  # the same rule as save(): normrank's marker, or only its files
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise IndexFormatError(f"--out {path} is a non-empty folder that is not a normrank index (it holds {shown}); "
+                               "refusing to write into it: choose a new or empty folder")
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Encode a corpus with the raw encoder (cached) and save a NormIndex."""
     from normrank.cache import encode_cached
@@ -136,6 +261,7 @@ def cmd_index(args: argparse.Namespace) -> int:
                                show_progress=not args.no_progress)
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
+    _check_out_folder(args.out)  # before reading or encoding anything
     ids, texts, metas, skipped = read_source(args.source)
     if skipped:
         print(f"note: skipped {len(skipped)} empty document(s), e.g. {skipped[:3]}", file=sys.stderr)
@@ -160,35 +286,93 @@ def cmd_index(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ search
 def cmd_search(args: argparse.Namespace) -> int:
-    """Search a saved index and explain every hit."""
+    """Search a saved index and explain every hit; ``--a/--b/--mode/--feature`` try a blend."""
+    from normrank.errors import InvalidArgumentError
     from normrank.scoring import Weights
     from normrank.store import NormIndex
 
     index = NormIndex.load(args.index)
+    if args.cosine and any(v is not None for v in (args.a, args.b, args.mode, args.feature)):
+        raise InvalidArgumentError("--cosine ranks by plain cosine; leave out --a/--b/--mode/--feature with it")
     if args.cosine:
         index.set_weights(Weights())
+    elif any(v is not None for v in (args.a, args.b, args.mode, args.feature)):
+        w = index.weights
+        index.set_weights(w.replace(a=w.a if args.a is None else args.a, b=w.b if args.b is None else args.b,
+                                    mode=args.mode or w.mode, feature=args.feature or w.feature))
+        if index.weights.b != 0 and index.query_calibrator is None:
+            raise InvalidArgumentError("--b needs a query calibration, which this index has not got yet: run "
+                                       "`normrank fit` on labelled queries first, or use --a alone")
     k = min(args.k, len(index))
-    hits = index.search(args.query, k)
+    # Grouping keeps the best k sources: fetch deeper so that k groups exist when a source has many chunks.
+    hits = index.search(args.query, min(len(index), k * 10) if args.group_by else k)
+    groups = _group(hits, args.group_by, k) if args.group_by else None
+    if groups is not None:
+        hits = [h for _, members in groups for h in members]
     if args.json:
-        print(json.dumps({"query": args.query, "weights": index.weights.to_dict(),
-                          "hits": [h.to_dict() for h in hits]}, ensure_ascii=False))
+        out = {"query": args.query, "weights": index.weights.to_dict(), "hits": [h.to_dict() for h in hits]}
+        if groups is not None:
+            out["group_by"] = args.group_by
+            out["groups"] = [{"key": key, "ids": [h.id for h in members]} for key, members in groups]
+        print(json.dumps(out, ensure_ascii=False))
         return 0
     w = index.weights
     blend = "plain cosine" if w.is_cosine else f"{w.mode} blend, a={w.a:+g} b={w.b:+g}, feature {w.feature}"
-    print(f"{len(hits)} hits for {args.query!r} ({blend})")
-    print(f"  {'#':>2} {'id':<16} {'score':>7} {'cosine':>7} {'g(d)':>6} {'w(q)':>7}  text")
-    for r, h in enumerate(hits, 1):
-        snippet = " ".join((h.text or h.metadata.get("title", "") or "").split())[:60]
-        print(f"  {r:>2} {h.id[:16]:<16} {h.score:7.4f} {h.cosine:7.4f} {h.norm_feature:+6.2f} {h.weight:+7.4f}  "
-              f"{snippet}")
+    shown = f"{len(groups)} {args.group_by} groups" if groups is not None else f"{len(hits)} hits"
+    print(f"{shown} for {args.query!r} ({blend})")
+    width = min(ID_WIDTH, max([2, *(len(h.id) for h in hits)]))
+    header = f"  {'#':>2} {'id':<{width}} {'score':>7} {'cosine':>7} {'g(d)':>6} {'w(q)':>7}  text"
+    if groups is None:
+        print(header)
+        for r, h in enumerate(hits, 1):
+            print(_hit_line(r, h, width))
+        return 0
+    rank = 0
+    for key, members in groups:
+        print(f"{args.group_by} {key}  (best score {members[0].score:.4f}, {len(members)} "
+              f"hit{'s' if len(members) > 1 else ''})")
+        for h in members:
+            rank += 1
+            print(_hit_line(rank, h, width))
     return 0
+
+
+#: Ids longer than this are shortened in the middle with an ellipsis (``--json`` has them whole).
+ID_WIDTH = 48
+
+
+def _short_id(doc_id: str, width: int) -> str:
+    """The id whole, or its start and its (more telling: file name, chunk number) end around an ellipsis."""
+    if len(doc_id) <= width:
+        return doc_id
+    head = (width - 1) // 3
+    return doc_id[:head] + "\u2026" + doc_id[len(doc_id) - (width - 1 - head):]
+
+
+def _hit_line(rank: int, h: Any, width: int) -> str:
+    snippet = " ".join((h.text or h.metadata.get("title", "") or "").split())[:60]
+    return (f"  {rank:>2} {_short_id(h.id, width):<{width}} {h.score:7.4f} {h.cosine:7.4f} {h.norm_feature:+6.2f} "
+            f"{h.weight:+7.4f}  {snippet}")
+
+
+def _group(hits: list[Any], key: str, k: int) -> list[tuple[str, list[Any]]]:
+    """The hits grouped by ``metadata[key]`` (a hit without it is its own group), best group first,
+    at most ``k`` groups."""
+    groups: dict[str, list[Any]] = {}
+    for h in hits:
+        value = h.metadata.get(key)
+        label = h.id if value is None else str(value)
+        if label not in groups and len(groups) >= k:
+            continue
+        groups.setdefault(label, []).append(h)
+    return list(groups.items())
 
 
 # ------------------------------------------------------------------ fit
 def cmd_fit(args: argparse.Namespace) -> int:
     """Fit the blend on labelled queries and save it into the index folder."""
     from normrank.config import load_config
-    from normrank.datasets import read_jsonl
+    from normrank.datasets import read_queries
     from normrank.errors import DatasetError
     from normrank.evaluation import read_qrels
     from normrank.store import NormIndex
@@ -197,16 +381,18 @@ def cmd_fit(args: argparse.Namespace) -> int:
     qpath = Path(args.queries)
     if not qpath.is_file():
         raise DatasetError(f"no queries file {qpath}")
-    queries = {str(r.get("_id", r.get("id", ""))): str(r.get("text") or "") for r in read_jsonl(qpath)}
+    queries = read_queries(qpath)
     qrels = read_qrels(args.qrels)
     known = set(index.ids())
-    missing = {d for docs in qrels.values() for d in docs if d not in known}
+    missing = sorted({d for docs in qrels.values() for d in docs if d not in known})
     if missing and not args.allow_missing_docs:
         from normrank.errors import UnknownIdError
 
-        raise UnknownIdError(f"the qrels name {len(missing)} documents that are not in the index, e.g. "
-                             f"{sorted(missing)[:3]}; pass --allow-missing-docs to count them as unretrievable "
-                             "(e.g. empty documents skipped at indexing)")
+        raise UnknownIdError(
+            f"the qrels name {len(missing)} document(s) that are not in the index: {_few(missing)}. `normrank "
+            "index` skips documents with no text (it printed a note naming them), so a qrels entry for an empty "
+            "document has nothing to retrieve; other ids may come from a different corpus. Pass "
+            "--allow-missing-docs to count them as relevant but unretrievable (the fit then sees them as misses)")
     kwargs = {}
     if args.config:
         f = load_config(args.config).fit
@@ -226,6 +412,28 @@ def cmd_fit(args: argparse.Namespace) -> int:
     print(f"  {report.reason}")
     print(f"  cross-validated nDCG@10: cosine {report.cosine_ndcg:.4f}, blend {report.cv_blend_ndcg:.4f}")
     print(f"saved the weights into {args.index}")
+    return 0
+
+
+def _few(ids: Sequence[str], n: int = 5) -> str:
+    shown = ", ".join(repr(i[:60]) for i in ids[:n])
+    return shown + (f" and {len(ids) - n} more" if len(ids) > n else "")
+
+
+# ------------------------------------------------------------------ recalibrate
+def cmd_recalibrate(args: argparse.Namespace) -> int:
+    """Refit the length calibration on every document of a saved index and save it (what `analyze`
+    advises when the calibrated feature still tracks length)."""
+    from normrank.analysis import analyze_index
+    from normrank.store import NormIndex
+
+    index = NormIndex.load(args.index)
+    before = analyze_index(index, top=1).spearman_feature_length
+    index.recalibrate()
+    index.save(args.index)
+    after = analyze_index(index, top=1).spearman_feature_length
+    print(f"recalibrated {len(index)} documents in {args.index}: Spearman(calibrated feature, token count) "
+          f"{before:+.3f} -> {after:+.3f}")
     return 0
 
 
@@ -319,11 +527,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("demo", help="index a bundled corpus and compare cosine with normrank (no data needed)")
-    p.add_argument("--query", action="append", help="a query to run (repeatable); default: bundled queries")
+    p = sub.add_parser("demo", help="fit normrank on a bundled judged corpus and show what the blend changes",
+                       description="Indexes 48 bundled passages, fits the blend on 40 judged queries with "
+                       "cross-validation, prints the verdict (plain cosine kept, or the gain and its p-value) and "
+                       "shows side by side where a blend moves a result and why. No data needed.")
+    p.add_argument("--query", action="append", help="a query to show (repeatable); default: the judged queries "
+                   "whose top k the blend changes")
     p.add_argument("-k", type=int, default=3, help="hits per query (default 3)")
-    p.add_argument("--a", type=float, default=-0.03, help="constant norm weight (default -0.03)")
-    p.add_argument("--b", type=float, default=0.0, help="query-conditioned norm weight (default 0)")
+    p.add_argument("--a", type=float, help="show this constant norm weight instead of the fitted blend")
+    p.add_argument("--b", type=float, help="show this query-conditioned norm weight instead of the fitted blend")
     p.add_argument("--out", help="where to save the demo index (default: the user cache folder)")
     p.set_defaults(func=cmd_demo)
 
@@ -348,6 +560,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=_positive_int, default=10, help="number of hits (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--cosine", action="store_true", help="rank by plain cosine (ignore the saved blend)")
+    p.add_argument("--a", type=float, help="try this constant norm weight instead of the saved one")
+    p.add_argument("--b", type=float, help="try this query-conditioned norm weight (needs a fitted index)")
+    p.add_argument("--mode", choices=("additive", "multiplicative", "tiebreak"), help="try this scoring mode")
+    p.add_argument("--feature", choices=("calibrated", "raw"), help="try this norm feature")
+    p.add_argument("--group-by", metavar="KEY", help="group hits by a metadata key and show the best k groups, "
+                   "e.g. --group-by source for chunked files (the file each chunk came from)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("fit", help="fit the norm blend on labelled queries and save it into the index",
@@ -393,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=_positive_int, default=5, help="documents to list at each end (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("recalibrate", help="refit the length calibration on every document and save",
+                       description="Refits the norm-vs-length curve on all documents of a saved index (for "
+                       "example after documents were added through the Python API) and saves the index.")
+    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
+    p.set_defaults(func=cmd_recalibrate)
     return parser
 
 

@@ -29,6 +29,20 @@ def demo_rows(name: str = "demo_corpus.jsonl") -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def demo_qrels() -> dict[str, dict[str, int]]:
+    """Relevance judgements of the bundled demo queries (``demo_qrels.tsv``): 2 = answers the query,
+    1 = on its topic; judged by hand from the 48 passages' text."""
+    from importlib import resources
+
+    text = resources.files("normrank").joinpath("data", "demo_qrels.tsv").read_text(encoding="utf-8")
+    qrels: dict[str, dict[str, int]] = {}
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            q, d, grade = line.split("\t")
+            qrels.setdefault(q, {})[d] = int(grade)
+    return qrels
+
+
 def default_data_dir() -> Path | None:
     """``$NORMRANK_DATA``, else ``../shared/data`` beside the checkout or the working folder, if present."""
     env = os.environ.get(DATA_ENV)

@@ -1,0 +1,129 @@
+"""Every bad input a user can hand the command line is one line on stderr and exit 1, naming the file
+and line; the traceback only with -v."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from normrank import DatasetError, load_beir
+from normrank.cli import main
+
+TEXTS = ["Stars fuse hydrogen into helium in their cores.", "Bread is made from flour, water and yeast.",
+         "Mount Everest is the highest mountain above sea level.", "Vaccines train the immune system.",
+         "The Amazon is the largest river by discharge.", "Quicksort is a fast sorting algorithm on average."]
+QUERIES = ["what do stars burn", "how is bread made", "highest mountain", "how do vaccines work",
+           "largest river", "fast sorting"]
+
+
+def _beir(root: Path) -> Path:
+    (root / "qrels").mkdir(parents=True)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"_id": f"d{i}", "title": "", "text": t}) + "\n"
+                                               for i, t in enumerate(TEXTS)), encoding="utf-8")
+    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": q}) + "\n"
+                                                for i, q in enumerate(QUERIES)), encoding="utf-8")
+    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" +
+                                             "".join(f"q{i}\td{i}\t1\n" for i in range(len(QUERIES))))
+    return root
+
+
+def _one_error_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"normrank {command}: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def _corpus_lines(root: Path) -> list[str]:
+    return (root / "corpus.jsonl").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize(("damage", "expected"), [
+    ("latin1", r"corpus\.jsonl:3 is not UTF-8 text"),
+    ("number", r"corpus\.jsonl:2 is a number, not a JSON object"),
+    ("array", r"corpus\.jsonl:2 is an array, not a JSON object"),
+    ("no_id", r"corpus\.jsonl:4 has no usable '_id'"),
+    ("query_no_id", r"queries\.jsonl:2 has no usable '_id'"),
+    ("duplicate", r"corpus\.jsonl:7 repeats document id 'd2' \(first on line 3\)"),
+    ("truncated_gz", r"corpus\.jsonl\.gz is a truncated or corrupt gzip file"),
+    ("bad_qrels", r"test\.tsv is not UTF-8 text"),
+])
+def test_eval_on_a_broken_collection_is_one_line(tmp_path, capsys, damage, expected):
+    root = _beir(tmp_path / "coll")
+    lines = _corpus_lines(root)
+    if damage == "latin1":
+        with open(root / "corpus.jsonl", "wb") as fh:
+            fh.write(("\n".join(lines[:2]) + "\n").encode())
+            fh.write(json.dumps({"_id": "x", "text": "PLACEHOLDER"}).replace("PLACEHOLDER", "caf\xe9")
+                     .encode("latin-1") + b"\n")
+    elif damage in ("number", "array"):
+        lines.insert(1, "42" if damage == "number" else '["d9", "text"]')
+        (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    elif damage == "no_id":
+        lines[3] = json.dumps({"title": "", "text": "no id here"})
+        (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    elif damage == "query_no_id":
+        (root / "queries.jsonl").write_text('{"_id": "q0", "text": "a"}\n{"text": "b"}\n', encoding="utf-8")
+    elif damage == "duplicate":
+        lines.append(json.dumps({"_id": "d2", "text": "a second document with the id d2"}))
+        (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    elif damage == "truncated_gz":
+        data = gzip.compress(("\n".join(lines) + "\n").encode() * 50)
+        (root / "corpus.jsonl").unlink()
+        (root / "corpus.jsonl.gz").write_bytes(data[: len(data) // 2])
+    elif damage == "bad_qrels":
+        (root / "qrels" / "test.tsv").write_bytes(b"query-id\tcorpus-id\tscore\nq\xe91\td1\t1\n")
+    assert main(["eval", str(root), "--no-progress"]) == 1
+    line = _one_error_line(capsys, "eval")
+    assert __import__("re").search(expected, line), line
+
+
+def test_duplicate_corpus_ids_are_refused_by_the_loader_and_by_index(tmp_path, capsys, encoder):
+    root = _beir(tmp_path / "coll")
+    lines = _corpus_lines(root)
+    lines.append(json.dumps({"_id": "d0", "text": "another d0"}))
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl:7 repeats document id 'd0' \(first on line 1\)"):
+        load_beir(root)
+    assert main(["index", str(root), "--out", str(tmp_path / "idx"), "--no-progress"]) == 1
+    assert "d0" in _one_error_line(capsys, "index")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_fit_with_a_queries_line_that_is_an_array(tmp_path, capsys, encoder):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-progress"]) == 0
+    capsys.readouterr()
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"_id": "q0", "text": "stars"}\n["q1", "bread"]\n', encoding="utf-8")
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("q0\td0\t1\n", encoding="utf-8")
+    assert main(["fit", str(tmp_path / "idx"), "--queries", str(queries), "--qrels", str(qrels)]) == 1
+    assert "q.jsonl:2 is an array, not a JSON object" in _one_error_line(capsys, "fit")
+
+
+def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(tmp_path, capsys):
+    bad = tmp_path / "normrank.yaml"
+    bad.write_text("scoring: [a\n", encoding="utf-8")
+    root = _beir(tmp_path / "coll")
+    assert main(["eval", str(root), "--config", str(bad), "--no-progress"]) == 1
+    line = _one_error_line(capsys, "eval")
+    assert "not valid YAML" in line
+    assert main(["-v", "eval", str(root), "--config", str(bad), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("normrank eval: error: ")
+
+
+def test_a_missing_extra_names_the_pip_command(tmp_path, capsys, monkeypatch, encoder):
+    """With bm25s not importable (as on a core-only install), `eval` says which extra to install."""
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # makes `import bm25s` raise ImportError, as if absent
+    root = _beir(tmp_path / "coll")
+    assert main(["eval", str(root), "--folds", "2", "--no-progress"]) == 1
+    line = _one_error_line(capsys, "eval")
+    assert 'pip install "normrank[eval]"' in line or "pip install 'normrank[eval]'" in line, line
