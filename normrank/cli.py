@@ -653,6 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
         os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1" if getattr(args, "no_progress", False) else "0")
         logging.getLogger("ray").setLevel(logging.ERROR)
+    progress = _progress_lines(args)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -663,6 +664,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc(file=sys.stderr)
         print(f"normrank {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
+    finally:
+        if progress is not None:
+            log = logging.getLogger("normrank.evaluation")
+            log.removeHandler(progress[0])
+            log.setLevel(progress[1])
+
+
+def _progress_lines(args: argparse.Namespace) -> tuple[logging.Handler, int] | None:
+    """``eval`` reports its stages (searching, each fold's fit) on stderr after the encoding bar, unless
+    ``--no-progress``; with -v every log line shows anyway."""
+    if args.command != "eval" or getattr(args, "no_progress", True) or args.verbose:
+        return None
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("normrank eval: %(message)s"))
+    handler.setLevel(logging.INFO)
+    log = logging.getLogger("normrank.evaluation")
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler, old_level
 
 
 #: Longest error message printed (an error must never echo an unbounded input).

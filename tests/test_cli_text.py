@@ -164,3 +164,13 @@ def test_recalibrate_keeps_every_document(chunked, tmp_path, capsys):
     assert sorted(after.ids()) == sorted(before.ids()) and after.weights == before.weights
     assert main(["recalibrate", str(tmp_path / "nothing")]) == 1
     _one_error_line(capsys, "recalibrate")
+
+
+def test_eval_shows_progress_while_fitting_unless_asked_not_to(tmp_path, capsys, encoder):
+    root = _beir(tmp_path / "coll")
+    assert main(["eval", str(root), "--folds", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "normrank eval: searching 6 queries with cosine, BM25 and raw dot" in err
+    assert "normrank eval: fitting 1/2 on 3 queries" in err and "normrank eval: fitting 2/2 on 3 queries" in err
+    assert main(["eval", str(root), "--folds", "2", "--no-progress"]) == 0
+    assert "fitting" not in capsys.readouterr().err
