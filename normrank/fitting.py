@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from normrank.calibration import FEATURES
+from normrank._validation import check_option
+from normrank.calibration import FEATURES, NormCalibrator
+from normrank.candidate_set import CandidateSet
 from normrank.errors import EmptyCorpusError, InvalidArgumentError, UnknownIdError
 from normrank.metrics import has_relevant, per_query
 from normrank.scoring import MODES, Weights, blend
-
-if TYPE_CHECKING:
-    from normrank.store import CandidateSet, NormIndex
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +137,11 @@ def fit_candidates(
     base: Weights | None = None,
 ) -> FitReport:
     """Fit on precomputed candidates (``qids`` in the order of ``cands``)."""
-    for m in modes:
-        if m not in MODES:
-            raise InvalidArgumentError(f"unknown scoring mode {m!r}; choose one of {list(MODES)}")
+    opts = check_fit_options(features=features, modes=modes, grid_a=grid_a, grid_b=grid_b, epsilons=epsilons,
+                             folds=folds, alpha=alpha, min_gain=min_gain, seed=seed)
+    features, modes, grid_a, grid_b, epsilons = (opts["features"], opts["modes"], opts["grid_a"], opts["grid_b"],
+                                                 opts["epsilons"])
+    folds, alpha, min_gain, seed = opts["folds"], opts["alpha"], opts["min_gain"], opts["seed"]
     if not qids:
         raise EmptyCorpusError("no labelled queries to fit on")
     if not cands.query_features:  # no query token counts: the query-conditioned part cannot be fitted
@@ -174,6 +176,52 @@ def fit_candidates(
     )
 
 
+def _choices(name: str, value: Any, allowed: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"{name} must be a list drawn from {list(allowed)}, got {value!r}")
+    out = tuple(value)
+    for v in out:
+        if v not in allowed:
+            kind = "scoring mode" if name == "modes" else "norm feature"
+            raise InvalidArgumentError(f"unknown {kind} {v!r}; choose one of {list(allowed)}")
+    if not out:
+        raise InvalidArgumentError(f"{name} is empty; give at least one of {list(allowed)}")
+    return out
+
+
+def _numbers(name: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(f"{name} must be a list of finite numbers, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(v)):
+            raise InvalidArgumentError(f"{name} must be a list of finite numbers, got {v!r} in it")
+        out.append(float(v))
+    if not out:
+        raise InvalidArgumentError(f"{name} is empty; give at least one number")
+    return tuple(out)
+
+
+def check_fit_options(**options: Any) -> dict[str, Any]:
+    """Check the fit options that are given (types and ranges) before any work or change is made.
+
+    Returns them normalised (NumPy integers as ints, lists as tuples); ``fit(folds="five")`` is an
+    :class:`~normrank.errors.InvalidArgumentError` naming the option, not a TypeError deep in the fit.
+    """
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name in ("features", "modes"):
+            out[name] = _choices(name, value, FEATURES if name == "features" else MODES)
+        elif name in ("grid_a", "grid_b", "epsilons"):
+            out[name] = _numbers(name, value)
+        elif name in ("folds", "alpha", "min_gain", "seed", "depth"):
+            out[name] = check_option(name, value)
+        else:
+            out[name] = value
+    return out
+
+
 def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, str], doc_ids: set[str] | None,
                 missing_ok: Iterable[str] = ()) -> None:
     """Name qrels entries that point at unknown queries or documents.
@@ -191,32 +239,37 @@ def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, st
             raise UnknownIdError(f"qrels name {len(unknown_d)} document ids not in the index, e.g. {unknown_d[:3]}")
 
 
-def fit_index(index: NormIndex, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], *,
+def fit_index(index: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], *,
               depth: int = 100, calibrate_queries: bool = True, apply: bool = True,
               missing_ok: Iterable[str] = (), **kwargs: Any) -> FitReport:
-    """Fit ``index``'s blend on labelled queries, and (by default) apply it."""
-    check_qrels(qrels, queries, set(index.ids()), missing_ok)
-    qids = [q for q in has_relevant(qrels)]
-    if not qids:
-        raise EmptyCorpusError("no query in the qrels has a relevant document")
+    """Fit ``index``'s blend on labelled queries, and (by default) apply it.
+
+    ``index`` is a :class:`~normrank.store.NormIndex` or the pgvector backend's index (anything
+    with ``encoder``, ``ids``, ``weights``, ``cosine_candidates`` and ``_publish_fit``). Nothing
+    changes until the fit is done: the new query calibration (``calibrate_queries``) and the
+    chosen weights are then published together (``_publish_fit``), so a concurrent search sees
+    the state before or after the fit, never a mix; a failed fit changes nothing. With
+    ``apply=False`` the index is left as it was and only the report is returned.
+    """
     allowed = sorted(set(inspect.signature(fit_candidates).parameters) - {"cands", "qids", "qrels", "base"})
     unknown = sorted(set(kwargs) - set(allowed))
     if unknown:
         raise InvalidArgumentError(f"unknown fit options {unknown}; allowed: {allowed}")
-    for m in kwargs.get("modes", ()):
-        if m not in MODES:
-            raise InvalidArgumentError(f"unknown scoring mode {m!r}; choose one of {list(MODES)}")
+    kwargs = check_fit_options(**kwargs)
+    depth = check_option("depth", depth)
+    check_qrels(qrels, queries, set(index.ids()), missing_ok)
+    qids = [q for q in has_relevant(qrels)]
+    if not qids:
+        raise EmptyCorpusError("no query in the qrels has a relevant document")
     vectors, counts = index.encoder.encode_with_counts([queries[q] for q in qids])
-    old_query_calibrator = index.query_calibrator
-    try:  # a failed fit leaves the index as it was
-        if calibrate_queries:
-            index.calibrate_queries(norms=np.linalg.norm(vectors.astype(np.float64), axis=1), token_counts=counts)
-        cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
-        report = fit_candidates(cands, qids, qrels, base=index.weights.replace(a=0.0, b=0.0), **kwargs)
-    except BaseException:
-        index.query_calibrator = old_query_calibrator
-        raise
+    qnorms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
+    query_calibrator = NormCalibrator().fit(qnorms, counts) if calibrate_queries else None
+    base = index.weights.replace(a=0.0, b=0.0)
+    cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
+    if query_calibrator is not None:  # the features under the calibration this fit will publish
+        cands.query_features = {f: query_calibrator.transform(qnorms, counts, f) for f in FEATURES}
+    report = fit_candidates(cands, qids, qrels, base=base, **kwargs)
     if apply:
-        index.set_weights(report.weights)
+        index._publish_fit(report.weights, query_calibrator)
     logger.info("fit: %s", report.reason)
     return report

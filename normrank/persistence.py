@@ -8,6 +8,18 @@ complete version, old or new; the next save sweeps up the half-written folder.
 Loading checks every checksum, so a truncated or edited file is named instead of
 half-loaded. Nothing here unpickles anything.
 
+Ownership: normrank writes and removes only what it owns. A folder is normrank's when it
+is empty or new, when it holds normrank's marker file ``.normrank`` (written by every save),
+or (indexes saved before the marker) when every entry has a name normrank gives its own
+(``current`` -> ``v-<32 hex>``, ``v-<32 hex>/``, ``.current-<32 hex>``, ``.lock``). Anything
+else, e.g. a deployment layout ``current -> v-1.2.3``, ``v-1.2.2/``, ``settings.ini``, is
+refused with :class:`IndexFormatError` before a single byte is written. Inside its own
+folder a save sweeps only version folders that carry normrank's version marker (or a
+normrank manifest, or are empty) and its own temporary links; other entries stay untouched.
+
+Symlinks inside a saved folder are never followed: every file is opened with
+``O_NOFOLLOW`` and a data file, manifest or ``.lock`` that is a link is refused.
+
 Concurrency: a save holds an exclusive ``flock`` on ``<root>/.lock`` and a load a
 shared one, so two savers (threads or processes) never delete each other's
 unpublished version, and a save never sweeps away the version a reader is still
@@ -21,25 +33,34 @@ pickle, and a FAISS file, so it never executes data either way.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from normrank.errors import IndexFormatError
+from normrank.errors import IndexFormatError, PersistenceError
 
 logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 CURRENT = "current"
 LOCK = ".lock"
-_OWNED_PREFIXES = ("v-", ".current-")
+#: Marker file at the root of every folder normrank saves into: the folder is normrank's.
+MARKER = ".normrank"
+#: Marker file inside every version folder, written first: the folder is normrank's to sweep.
+VERSION_MARKER = ".normrank-version"
+_VERSION_NAME = re.compile(r"v-[0-9a-f]{32}")
+_LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 #: Test hook: when set, called with the stage name ("files_written", "manifest_written",
 #: "before_publish", "published") during every save. Tests set it to ``os._exit`` to
@@ -52,9 +73,22 @@ def _stage(name: str) -> None:
         _save_hook(name)
 
 
+def open_nofollow(path: Path, mode: str = "rb") -> IO[Any]:
+    """Open a file of a saved index for reading without following a symlink (named error if it is one)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IndexFormatError(f"{path} is a symbolic link; refusing to follow it out of the index folder") \
+                from None
+        raise
+    fh = os.fdopen(fd, "rb")
+    return fh if mode == "rb" else io.TextIOWrapper(fh, encoding="utf-8")
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_nofollow(path) as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -78,12 +112,18 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
         return
     path = root / LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644) if exclusive else os.open(path, os.O_RDONLY)
+        fd = (os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644) if exclusive
+              else os.open(path, os.O_RDONLY | _NOFOLLOW))
     except (FileNotFoundError, PermissionError):
         if exclusive:
             raise
         yield  # saved by an older normrank, or a read-only copy without a lock file
         return
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise IndexFormatError(f"{path} is a symbolic link; refusing to follow it out of the index folder") \
+                from None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -91,16 +131,47 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def _is_index_folder(root: Path) -> bool:
-    """True for a saved index, an empty folder, or one holding only what this module writes
-    (e.g. a first save that was killed before it published)."""
-    if (root / CURRENT).is_symlink():
-        return True
-    for p in root.iterdir():
-        if p.name in (CURRENT, LOCK) or p.name.startswith(_OWNED_PREFIXES):
+def foreign_entries(root: Path) -> list[str]:
+    """Names in ``root`` that show it is not normrank's folder; empty when normrank may write there.
+
+    ``root`` is normrank's when it is empty, holds the ``.normrank`` marker (a regular file), or
+    every entry is one normrank writes (folders saved before the marker existed).
+    """
+    if not root.is_dir():
+        return []
+    marker = root / MARKER
+    if marker.is_file() and not marker.is_symlink():
+        return []
+    foreign = []
+    for p in sorted(root.iterdir()):
+        name = p.name
+        if name == LOCK and p.is_file() and not p.is_symlink():
             continue
-        return False
-    return True
+        if name == CURRENT and p.is_symlink() and _VERSION_NAME.fullmatch(os.readlink(p)):
+            continue
+        if _VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink():
+            continue
+        if _LINK_NAME.fullmatch(name) and p.is_symlink():
+            continue
+        foreign.append(name + ("/" if p.is_dir() and not p.is_symlink() else "")
+                       + (f" -> {os.readlink(p)}" if p.is_symlink() else ""))
+    return foreign
+
+
+def _check_owned(root: Path) -> None:
+    foreign = foreign_entries(root)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise IndexFormatError(
+            f"{root} is a non-empty folder that is not a normrank index; refusing to write into it (it holds "
+            f"{shown}, which normrank did not write): save into a new or empty folder"
+        )
+
+
+def _write_marker(path: Path, content: dict[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(content) + "\n")
 
 
 def write_versioned(
@@ -112,50 +183,90 @@ def write_versioned(
 
     If ``write_files`` raises (disk full, a bug), the partial version is removed and
     ``current`` still names the previous complete version.
+
+    Raises
+    ------
+    IndexFormatError
+        ``root`` is a file, or a folder holding things normrank did not write (nothing is written).
+    PersistenceError
+        The operating system refused a write (disk full, quota, permissions, I/O error); the
+        previous version is still ``current``. It is an ``OSError`` carrying the original ``errno``.
     """
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise IndexFormatError(f"{root} exists and is not a folder")
-    if root.is_dir() and not _is_index_folder(root):
-        raise IndexFormatError(
-            f"{root} is a non-empty folder that is not a normrank index; refusing to write into it"
-        )
-    root.mkdir(parents=True, exist_ok=True)
-    with _locked(root, exclusive=True):
-        version = root / f"v-{uuid.uuid4().hex}"
-        version.mkdir()
-        try:
-            write_files(version)
-            _stage("files_written")
-            files = sorted(p.name for p in version.iterdir() if p.is_file())
-            manifest = {**manifest_extra, "files": {name: sha256_file(version / name) for name in files}}
-            (version / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
-            _stage("manifest_written")
-            for name in [*files, MANIFEST]:
-                with open(version / name, "rb") as fh:
-                    os.fsync(fh.fileno())
-            _fsync_dir(version)
-            _stage("before_publish")
-            link = root / f".current-{uuid.uuid4().hex}"
-            os.symlink(version.name, link)
-            os.replace(link, root / CURRENT)
-        except BaseException:
-            shutil.rmtree(version, ignore_errors=True)
+    _check_owned(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _locked(root, exclusive=True):
+            _check_owned(root)  # another process may have written into it since the first check
+            # Without the marker the ownership check passed on names alone: every v-<hex> folder is ours.
+            legacy = not (root / MARKER).is_file()
+            if legacy:
+                _write_marker(root / MARKER, {"kind": "normrank saved index",
+                                              "note": "normrank writes and removes only its own entries here"})
+            version = root / f"v-{uuid.uuid4().hex}"
+            version.mkdir()
+            try:
+                _write_marker(version / VERSION_MARKER, {"kind": "normrank index version"})
+                write_files(version)
+                _stage("files_written")
+                files = sorted(p.name for p in version.iterdir() if p.is_file() and p.name != VERSION_MARKER)
+                manifest = {**manifest_extra, "files": {name: sha256_file(version / name) for name in files}}
+                (version / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+                _stage("manifest_written")
+                for name in [*files, MANIFEST]:
+                    with open(version / name, "rb") as fh:
+                        os.fsync(fh.fileno())
+                _fsync_dir(version)
+                _stage("before_publish")
+                link = root / f".current-{uuid.uuid4().hex}"
+                os.symlink(version.name, link)
+                os.replace(link, root / CURRENT)
+            except BaseException:
+                shutil.rmtree(version, ignore_errors=True)
+                raise
+            _fsync_dir(root)
+            _stage("published")
+            _remove_stale(root, keep=version.name, every_version=legacy)
+    except PersistenceError:
+        raise
+    except OSError as exc:
+        if isinstance(exc, IndexFormatError):  # pragma: no cover - IndexFormatError is not an OSError
             raise
-        _fsync_dir(root)
-        _stage("published")
-        _remove_stale(root, keep=version.name)
+        raise PersistenceError(
+            exc.errno, f"saving the index to {root} failed: {exc.strerror or exc}; the previous save is intact"
+        ) from exc
     return version
 
 
-def _remove_stale(root: Path, keep: str) -> None:
-    """Remove superseded and half-written versions; safe because the caller holds the exclusive lock."""
+def _owned_version(p: Path) -> bool:
+    """A version folder normrank wrote: its marker, a normrank manifest, or empty (killed right after mkdir)."""
+    if not _VERSION_NAME.fullmatch(p.name) or not p.is_dir() or p.is_symlink():
+        return False
+    if (p / VERSION_MARKER).is_file() or not any(p.iterdir()):
+        return True
+    try:
+        with open_nofollow(p / MANIFEST, "r") as fh:
+            manifest = json.load(fh)
+        return isinstance(manifest, dict) and str(manifest.get("kind", "")).startswith("normrank")
+    except (OSError, ValueError, IndexFormatError):
+        return False
+
+
+def _remove_stale(root: Path, keep: str, every_version: bool = False) -> None:
+    """Remove superseded and half-written versions normrank wrote; safe because the caller holds the lock.
+
+    ``every_version``: the folder had no marker and held only names normrank gives (an index saved
+    before the marker), so each ``v-<32 hex>`` folder in it is normrank's, even a half-written one.
+    """
     for p in root.iterdir():
-        if p.name in (keep, CURRENT, LOCK):
+        if p.name in (keep, CURRENT, LOCK, MARKER):
             continue
-        if p.name.startswith("v-") and p.is_dir() and not p.is_symlink():
+        if _owned_version(p) or (every_version and _VERSION_NAME.fullmatch(p.name) and p.is_dir()
+                                 and not p.is_symlink()):
             shutil.rmtree(p, ignore_errors=True)
-        elif p.name.startswith(".current-") and p.is_symlink():
+        elif _LINK_NAME.fullmatch(p.name) and p.is_symlink():
             p.unlink(missing_ok=True)
 
 
@@ -171,10 +282,13 @@ def _verify(root: Path, format_version: int, required: Iterable[str]) -> tuple[P
     if not _plain_name(target) or not target.startswith("v-"):
         raise IndexFormatError(f"{current} points at {target!r}, outside the index folder; refusing to follow it")
     folder = root / target
-    if not folder.is_dir() or folder.is_symlink():
+    if folder.is_symlink():
+        raise IndexFormatError(f"{folder} is a symbolic link; refusing to follow it out of the index folder")
+    if not folder.is_dir():
         raise IndexFormatError(f"{current} points at {target}, which is missing: the index folder was altered")
     try:
-        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+        with open_nofollow(folder / MANIFEST, "r") as fh:
+            manifest = json.loads(fh.read())
     except FileNotFoundError as exc:
         raise IndexFormatError(f"{folder} has no {MANIFEST}: the save is incomplete") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -197,6 +311,9 @@ def _verify(root: Path, format_version: int, required: Iterable[str]) -> tuple[P
             raise IndexFormatError(f"{MANIFEST} of the index at {root} does not list {name}: the file was altered")
     for name, digest in files.items():
         path = folder / name
+        if path.is_symlink():
+            raise IndexFormatError(
+                f"file {name} of the index at {root} is a symbolic link; refusing to follow it out of the index folder")
         if not path.is_file():
             raise IndexFormatError(f"file {name} of the index at {root} is missing")
         if sha256_file(path) != digest:

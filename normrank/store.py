@@ -25,6 +25,7 @@ processes, ``save``/``load`` of one folder are ordered by a file lock
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import logging
 import math
@@ -32,15 +33,23 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import faiss
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, check_norm_signal
+from normrank._validation import (
+    UNIT_NORM_TOLERANCE,
+    as_matrix,
+    check_metadata,
+    check_norm_signal,
+    check_option,
+    check_text,
+)
 from normrank.calibration import FEATURES, NormCalibrator
+from normrank.candidate_set import CandidateSet
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
     DimensionMismatchError,
@@ -49,10 +58,11 @@ from normrank.errors import (
     IndexFormatError,
     InvalidArgumentError,
     InvalidIdError,
+    PersistenceError,
     UnitNormError,
     UnknownIdError,
 )
-from normrank.persistence import reading, write_versioned
+from normrank.persistence import open_nofollow, reading, write_versioned
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
 
 logger = logging.getLogger(__name__)
@@ -78,32 +88,59 @@ class Record:
     token_count: int
 
 
-@dataclass
-class CandidateSet:
-    """Cosine top-``depth`` per query with both norm features: what fitting scores on."""
-
-    doc_ids: list[list[str]]
-    cosine: np.ndarray  # (nq, depth), -inf where a query has fewer candidates
-    doc_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq, depth)
-    query_features: dict[str, np.ndarray] = field(default_factory=dict)  # feature -> (nq,)
-
-    def subset(self, rows: Sequence[int] | np.ndarray) -> CandidateSet:
-        """The candidates of some queries only (e.g. one cross-validation fold)."""
-        rows = np.asarray(rows, dtype=np.int64)
-        return CandidateSet(
-            doc_ids=[self.doc_ids[i] for i in rows.tolist()],
-            cosine=self.cosine[rows],
-            doc_features={f: v[rows] for f, v in self.doc_features.items()},
-            query_features={f: v[rows] for f, v in self.query_features.items()},
-        )
-
-
-def _check_ids(ids: Sequence[Any]) -> list[str]:
+def _check_ids(ids: Sequence[Any], *, allow_nul: bool = True) -> list[str]:
+    """Non-empty strings that can be stored as UTF-8 (and, for pgvector, hold no NUL)."""
     out = list(ids)
     for i, x in enumerate(out):
         if not isinstance(x, str) or not x:
             raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
+        check_text(x, f"id {i}", allow_nul=allow_nul)
     return out
+
+
+def _check_k(k: Any) -> int:
+    """``k`` as a Python int (NumPy integers welcome), or a named error for 0, bools, floats and strings."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k <= 0:
+        raise InvalidArgumentError(f"k must be a positive integer, got {k!r}")
+    return check_option("k", k)
+
+
+class _Option:
+    """A numeric setting checked against :data:`normrank._validation.OPTION_RANGES` whenever it is set,
+    at construction and later (``index.ef_search = 2_000_000_000`` is refused, not a 15 GiB search)."""
+
+    def __init__(self, apply: Callable[[Any, int], None] | None = None, *, fixed_once_built: bool = False) -> None:
+        self._apply = apply
+        self._fixed = fixed_once_built
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.attr = name, f"_opt_{name}"
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        value = check_option(self.name, value)
+        if self._fixed and getattr(obj, "_index", None) is not None and value != getattr(obj, self.attr):
+            raise InvalidArgumentError(f"{self.name} is fixed once the index holds documents "
+                                       f"(it is {getattr(obj, self.attr)}); build a new index to change it")
+        lock = getattr(obj, "_lock", None)
+        if lock is None or self._apply is None:
+            setattr(obj, self.attr, value)
+            return
+        with lock:
+            setattr(obj, self.attr, value)
+            self._apply(obj, value)
+
+
+def _apply_ef_search(index: Any, value: int) -> None:
+    if index._index is not None and index.index_type == "hnsw":
+        faiss.downcast_index(index._index.index).hnsw.efSearch = value
+
+
+def _apply_nprobe(index: Any, value: int) -> None:
+    if index._index is not None and index.index_type == "ivf":
+        index._index.nprobe = min(value, index._index.nlist)
 
 
 def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
@@ -142,6 +179,8 @@ class BlendIndexBase:
 
     _encoder: RawEncoder | None
     _dim: int | None
+    #: Whether texts, ids and metadata may hold NUL characters (PostgreSQL cannot store them).
+    _allow_nul: bool = True
     _weights: Weights
     calibrator: NormCalibrator
     query_calibrator: NormCalibrator | None
@@ -165,7 +204,7 @@ class BlendIndexBase:
         """New uuids, or the given ids checked for type, count and duplicates within the batch."""
         if ids is None:
             return [uuid.uuid4().hex for _ in range(n)]
-        out = _check_ids(ids)
+        out = _check_ids(ids, allow_nul=self._allow_nul)
         if len(out) != n:
             raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
         seen: set[str] = set()
@@ -194,7 +233,9 @@ class BlendIndexBase:
         for i, t in enumerate(text_list):
             if t is not None and not isinstance(t, str):
                 raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
-        return mat, norms, counts, text_list, _as_metadatas(metadatas, n)
+            if t is not None:
+                check_text(t, f"text {i}", allow_nul=self._allow_nul)
+        return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul)
 
     def add_texts(
         self,
@@ -208,9 +249,30 @@ class BlendIndexBase:
         items = check_texts(texts)
         if not items:
             raise EmptyCorpusError("no texts given")
+        for i, t in enumerate(items):  # before the (slow) encoding, which would choke on them anyway
+            check_text(t, f"text {i}", allow_nul=self._allow_nul)
+        if metadatas is not None:
+            _as_metadatas(metadatas, len(items), allow_nul=self._allow_nul)
         new_ids = self._precheck_ids(ids, len(items))  # fail before the (slow) encoding
         vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
         return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
+
+    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None) -> None:
+        """Make a fit's weights and query calibration live together, or neither (called by ``fit``).
+
+        Both change under the store's lock, which every search holds for its whole run, so a
+        search sees the state before the fit or after it, never the new query calibration with
+        the old weights. On failure the previous weights and calibration stay.
+        """
+        with self._lock:  # type: ignore[attr-defined]
+            old = self.query_calibrator
+            if query_calibrator is not None:
+                self.query_calibrator = query_calibrator
+            try:
+                self.set_weights(weights)  # type: ignore[attr-defined]
+            except BaseException:
+                self.query_calibrator = old
+                raise
 
     def _shaped_feature(self, cal: NormCalibrator, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return self._weights.shape(cal.transform(norms, counts, self._weights.feature))
@@ -222,6 +284,8 @@ class BlendIndexBase:
     def _encode_texts(self, queries: Sequence[str | np.ndarray]) -> tuple[Any, Any]:
         """Encode the text queries; needs no index state, so searches call it before taking the lock."""
         texts = [q for q in queries if isinstance(q, str)]
+        for i, q in enumerate(texts):
+            check_text(q, f"query {i}")
         return self.encoder.encode_with_counts(texts) if texts else (None, None)
 
     def _encode_queries(
@@ -294,6 +358,14 @@ class NormIndex(BlendIndexBase):
         :meth:`calibrate_queries`.
     """
 
+    # Numeric options: range-checked at construction and whenever set; ef_search and nprobe apply at once.
+    pad_to = _Option(fixed_once_built=True)
+    hnsw_m = _Option()
+    ef_construction = _Option()
+    ef_search = _Option(_apply_ef_search)
+    nlist = _Option()
+    nprobe = _Option(_apply_nprobe)
+
     def __init__(
         self,
         encoder: RawEncoder | None = None,
@@ -312,22 +384,23 @@ class NormIndex(BlendIndexBase):
     ) -> None:
         if index_type not in INDEX_TYPES:
             raise InvalidArgumentError(f"unknown index_type {index_type!r}; choose one of {list(INDEX_TYPES)}")
-        if pad_to < 1:
-            raise InvalidArgumentError(f"pad_to must be >= 1, got {pad_to}")
+        if weights is not None and not isinstance(weights, Weights):
+            raise InvalidArgumentError(f"weights must be a normrank.Weights, got {type(weights).__name__}")
+        self.pad_to = pad_to  # each numeric option is range-checked as it is set (see _Option)
+        self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
+        self.nlist, self.nprobe = nlist, nprobe
         self._encoder = encoder
         self._dim = dim
         self._weights = weights or Weights()
         self.index_type = index_type
-        self.pad_to = pad_to
         self._column_scale = COLUMN_SCALE
-        self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
-        self.nlist, self.nprobe = nlist, nprobe
         self.calibrator = calibrator or NormCalibrator()
         self._auto_calibrated = calibrator is None or not calibrator.is_fitted
         self.query_calibrator = query_calibrator
         self._records: dict[int, Record] = {}
         self._by_id: dict[str, int] = {}
-        self._tombstones: set[int] = set()
+        self._tombstones: set[int] = set()  # deleted but still in FAISS until the next compaction
+        self._tombstone_array: np.ndarray | None = None
         self._next = 0
         self._index: Any = None
         self._column_key: tuple[Any, ...] | None = None
@@ -468,17 +541,43 @@ class NormIndex(BlendIndexBase):
             internal = np.array(sorted({self._by_id[x] for x in wanted}), dtype=np.int64)
             if internal.size == 0:
                 return 0
-            if self.index_type == "hnsw":
-                self._tombstones.update(internal.tolist())
-            else:
-                self._index.remove_ids(internal)
-                self._labels = None
+            # Tombstones, compacted in batches: removing from FAISS rewrites the whole index (and the
+            # IDMap2 reverse map), which made one-at-a-time deletes quadratic (67 ms per id at 80k docs).
+            self._tombstones.update(internal.tolist())
+            self._tombstone_array = None
             for iid in internal.tolist():
                 rec = self._records.pop(iid)
                 del self._by_id[rec.id]
-            if self.index_type == "hnsw" and len(self._tombstones) > max(1000, len(self)):
-                self._rebuild()
+            limit = max(1000, len(self)) if self.index_type == "hnsw" else max(256, len(self) // 64)
+            if len(self._tombstones) > limit:
+                self._compact()
             return int(internal.size)
+
+    def _compact(self) -> None:
+        """Drop deleted documents from FAISS itself (HNSW by rebuilding its graph); searches look the same."""
+        if not self._tombstones:
+            return
+        if self.index_type == "hnsw":
+            if self._records:
+                self._rebuild()
+                return
+            self._index = None  # everything was deleted: an empty graph
+            self._ensure_index(np.zeros((0, self._dim or 0), dtype=np.float32), np.zeros(0), np.zeros(0, np.int64),
+                               self.calibrator)
+            self._tombstones.clear()
+            self._tombstone_array = None
+            self._labels = None
+            return
+        self._index.remove_ids(np.array(sorted(self._tombstones), dtype=np.int64))
+        self._tombstones.clear()
+        self._tombstone_array = None
+        self._labels = None
+
+    def _dead(self) -> np.ndarray:
+        """The tombstoned internal ids as a sorted array, cached until the next delete or compaction."""
+        if self._tombstone_array is None:
+            self._tombstone_array = np.array(sorted(self._tombstones), dtype=np.int64)
+        return self._tombstone_array
 
     def get(self, ids: Iterable[str]) -> list[Record]:
         """Records for ``ids`` in the given order."""
@@ -570,6 +669,7 @@ class NormIndex(BlendIndexBase):
             self._index, self._tombstones = old_index, old_tombstones
             raise
         self._labels = None
+        self._tombstone_array = None
         self._column_key = self._current_column_key()
 
     # ------------------------------------------------------------ searching
@@ -596,8 +696,7 @@ class NormIndex(BlendIndexBase):
         """Blended top-``k`` for many queries in one FAISS call."""
         if isinstance(queries, (str, np.ndarray)) and not (isinstance(queries, np.ndarray) and queries.ndim == 2):
             raise InvalidArgumentError("search_batch takes a list of queries; use search() for one")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
-            raise InvalidArgumentError(f"k must be a positive integer, got {k!r}")
+        k = _check_k(k)
         queries = list(queries)
         if not queries:
             return []
@@ -631,13 +730,15 @@ class NormIndex(BlendIndexBase):
         return np.array([i for i, r in self._records.items() if _match(r.metadata, flt)], dtype=np.int64)
 
     def _raw_search(self, qaug: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        if allowed is None and self._tombstones and self.index_type == "flat":
+            return self._search_past_tombstones(qaug, k)
         params = None
         if allowed is not None or self._tombstones:
             if allowed is not None:
-                live = np.setdiff1d(allowed, np.fromiter(self._tombstones, np.int64)) if self._tombstones else allowed
+                live = np.setdiff1d(allowed, self._dead()) if self._tombstones else allowed
                 sel = faiss.IDSelectorBatch(live)
             else:
-                sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.fromiter(self._tombstones, np.int64)))
+                sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(self._dead()))
             params = self._search_params(sel)
         if params is not None:
             scores, ids = self._index.search(qaug, k, params=params)
@@ -660,6 +761,19 @@ class NormIndex(BlendIndexBase):
             self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
         scores, pos = faiss.downcast_index(self._index.index).search(qaug, k)
         return scores, np.where(pos >= 0, self._labels[np.maximum(pos, 0)], -1)
+
+    def _search_past_tombstones(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact flat search with deleted documents still in FAISS: fetch ``k + #deleted`` on the fast
+        path and drop the deleted ones, so every row keeps its exact top ``k``."""
+        dead = self._dead()
+        scores, ids = self._search_unmapped(qaug, min(k + dead.size, self._index.ntotal))
+        keep = ~np.isin(ids, dead) & (ids >= 0)
+        out_s = np.full((ids.shape[0], k), -np.inf, dtype=np.float32)
+        out_i = np.full((ids.shape[0], k), -1, dtype=np.int64)
+        for r in range(ids.shape[0]):
+            row = np.flatnonzero(keep[r])[:k]
+            out_s[r, : row.size], out_i[r, : row.size] = scores[r, row], ids[r, row]
+        return out_s, out_i
 
     def _search_params(self, sel: Any) -> Any:
         if self.index_type == "hnsw":
@@ -717,6 +831,7 @@ class NormIndex(BlendIndexBase):
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
         """Cosine top-``depth`` per query with both norm features of documents and queries."""
+        depth = check_option("depth", depth)
         with self._lock:
             depth = min(depth, len(self))
             unit, qn, qc = self._encode_queries(list(queries), query_token_counts)
@@ -753,10 +868,22 @@ class NormIndex(BlendIndexBase):
         with self._lock:
             if self._index is None:
                 raise EmptyCorpusError("cannot save an empty index")
+            # Deleted documents must not reach the file (HNSW kept their vectors): compact first. The
+            # searches' answers do not change; for HNSW this rebuilds the graph, once per save after deletes.
+            self._compact()
             live = sorted(self._records)
 
             def write(folder: Path) -> None:
-                faiss.write_index(self._index, str(folder / "index.faiss"))
+                # Through Python's file object, so a full disk is an OSError with its errno (FAISS's own
+                # writer raises a RuntimeError), which write_versioned names as a PersistenceError.
+                with open(folder / "index.faiss", "wb") as fh:
+                    writer = faiss.PyCallbackIOWriter(fh.write)
+                    try:
+                        faiss.write_index(self._index, writer)
+                    except RuntimeError as exc:
+                        raise PersistenceError(errno.EIO, f"writing index.faiss failed: {exc}") from exc
+                    finally:
+                        del writer
                 # Per document beside the FAISS file: a float32 norm (norms are float32-exact, see
                 # _check_batch) and a uint16 token count; the ids are read back from FAISS itself.
                 norms, counts = self._norms_counts(live)
@@ -797,15 +924,28 @@ class NormIndex(BlendIndexBase):
             disagree with each other, or the format version is newer than this normrank.
         """
         with reading(path, FORMAT_VERSION, SAVED_FILES) as (folder, manifest):
-            try:
-                state = json.loads((folder / "state.json").read_text())
-                norms = np.load(folder / "norms.npy", allow_pickle=False).astype(np.float64)
-                counts = np.load(folder / "token_counts.npy", allow_pickle=False).astype(np.int64)
-                tombstones = np.load(folder / "tombstones.npy", allow_pickle=False)
-                with open(folder / "records.jsonl", encoding="utf-8") as fh:
+            try:  # every file opened without following symlinks (persistence.open_nofollow)
+                with open_nofollow(folder / "state.json", "r") as fh:
+                    state = json.loads(fh.read())
+                _check_state(state, path)
+                with open_nofollow(folder / "norms.npy") as fh:
+                    norms = np.load(fh, allow_pickle=False).astype(np.float64)
+                with open_nofollow(folder / "token_counts.npy") as fh:
+                    counts = np.load(fh, allow_pickle=False).astype(np.int64)
+                with open_nofollow(folder / "tombstones.npy") as fh:
+                    tombstones = np.load(fh, allow_pickle=False).astype(np.int64)
+                with open_nofollow(folder / "records.jsonl", "r") as fh:
                     rows = [json.loads(line) for line in fh]
-                faiss_index = faiss.read_index(str(folder / "index.faiss"))
+                with open_nofollow(folder / "index.faiss") as fh:
+                    reader = faiss.PyCallbackIOReader(fh.read)
+                    try:
+                        faiss_index = faiss.read_index(reader)
+                    finally:
+                        del reader
+                _check_faiss_type(faiss_index, state["index_type"], path)
                 internal = np.setdiff1d(_faiss_ids(faiss_index, state["index_type"]), tombstones)
+            except IndexFormatError:
+                raise
             except (KeyError, TypeError, ValueError, RuntimeError, OSError) as exc:
                 raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
         try:
@@ -831,7 +971,7 @@ class NormIndex(BlendIndexBase):
             index._tombstones = set(tombstones.tolist())
             index._index = faiss_index
             count = manifest.get("count")
-            expected_ntotal = len(rows) + (len(index._tombstones) if index.index_type == "hnsw" else 0)
+            expected_ntotal = len(rows) + len(index._tombstones)
             problems = [
                 msg for bad, msg in (
                     (not (len(rows) == internal.size == norms.size == counts.size == count),
@@ -858,9 +998,54 @@ class NormIndex(BlendIndexBase):
         index._column_key = index._current_column_key()
         if index.index_type == "ivf":
             index._index.nprobe = min(index.nprobe, index._index.nlist)
-        elif index.index_type == "hnsw":
-            faiss.downcast_index(index._index.index).hnsw.efSearch = index.ef_search
+        elif index.index_type == "hnsw":  # the validated settings, not whatever the FAISS file carries
+            hnsw = faiss.downcast_index(index._index.index).hnsw
+            hnsw.efSearch, hnsw.efConstruction = index.ef_search, index.ef_construction
         return index
+
+
+#: The FAISS classes each index_type saves: (outer, inner) for IDMap2-wrapped ones.
+_FAISS_TYPES: dict[str, tuple[type, type | None]] = {
+    "flat": (faiss.IndexIDMap2, faiss.IndexFlat),
+    "hnsw": (faiss.IndexIDMap2, faiss.IndexHNSWFlat),
+    "ivf": (faiss.IndexIVFFlat, None),
+}
+
+
+def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:
+    """A valid FAISS file of another kind (a bare IndexFlatIP, an HNSW where state.json says flat) is named."""
+    outer, inner_type = _FAISS_TYPES[index_type]
+    index = faiss.downcast_index(index)
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap2) else None
+    ok = isinstance(index, outer) and (inner_type is None or isinstance(inner, inner_type))
+    if not ok or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+        got = type(index).__name__ + (f"({type(inner).__name__})" if inner is not None else "")
+        want = outer.__name__ + (f"({inner_type.__name__})" if inner_type is not None else "")
+        raise IndexFormatError(f"the index at {path} is inconsistent: index.faiss holds a {got}, but state.json "
+                               f"says index_type {index_type!r}, saved as an inner-product {want}")
+
+
+def _check_state(state: Any, path: Any) -> None:
+    """Refuse a tampered or broken state.json before any setting in it is used (ef_search=2e9 took 15 GiB)."""
+    if not isinstance(state, dict):
+        raise IndexFormatError(f"the index at {path} has a state.json that is not a JSON object")
+    if state.get("index_type") not in INDEX_TYPES:
+        raise IndexFormatError(f"the index at {path} has an unknown index_type {state.get('index_type')!r} in "
+                               f"state.json; expected one of {list(INDEX_TYPES)}")
+    try:
+        for name in ("pad_to", "hnsw_m", "ef_construction", "ef_search", "nlist", "nprobe"):
+            check_option(name, state[name])
+    except InvalidArgumentError as exc:
+        raise IndexFormatError(f"the index at {path} has an invalid setting in state.json: {exc}") from None
+    except KeyError as exc:
+        raise IndexFormatError(f"the index at {path} has no {exc} in state.json") from None
+    for name in ("dim", "next"):
+        v = state.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "dim" else 0):
+            raise IndexFormatError(f"the index at {path} has an invalid {name} {v!r} in state.json")
+    scale = state.get("column_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
+        raise IndexFormatError(f"the index at {path} has an invalid column_scale {scale!r} in state.json")
 
 
 def _faiss_ids(index: Any, index_type: str) -> np.ndarray:
@@ -892,20 +1077,16 @@ def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
     return raw.astype(np.int64)
 
 
-def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int) -> list[dict[str, Any]]:
+def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,
+                  allow_nul: bool = True) -> list[dict[str, Any]]:
     """Deep copies through JSON: the store never shares a dict with the caller, and holds exactly
-    what a save writes (so keys become strings and tuples lists now, not after a reload)."""
+    what a save writes (so keys become strings and tuples lists now, not after a reload). Bounded
+    in depth and size, finite, UTF-8 clean (:func:`normrank._validation.check_metadata`)."""
     if metadatas is None:
         return [{} for _ in range(n)]
+    if isinstance(metadatas, Mapping):
+        raise InvalidArgumentError("metadatas must be a list of dicts, one per document, not a single dict")
     metas = list(metadatas)
     if len(metas) != n:
         raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
-    out = []
-    for i, m in enumerate(metas):
-        if not isinstance(m, Mapping):
-            raise InvalidArgumentError(f"metadata {i} is a {type(m).__name__}, expected a dict")
-        try:
-            out.append(json.loads(json.dumps(dict(m))))
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgumentError(f"metadata {i} is not JSON-serialisable: {exc}") from exc
-    return out
+    return [check_metadata(m, f"metadata {i}", allow_nul=allow_nul) for i, m in enumerate(metas)]

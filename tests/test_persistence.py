@@ -348,11 +348,21 @@ def test_concurrent_saves_and_loads_never_break_the_folder(tmp_path):
     assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1
 
 
-def test_first_save_killed_before_publishing_does_not_block_the_next(tmp_path):
-    """Regression: a folder holding only a dead save's debris used to be refused as 'not a normrank index'."""
+@pytest.mark.parametrize("writer", ["this normrank", "before the marker"])
+def test_first_save_killed_before_publishing_does_not_block_the_next(tmp_path, writer):
+    """Regression: a folder holding only a dead save's debris used to be refused as 'not a normrank index'.
+
+    The debris is what a first save killed mid-write leaves: the lock file, (since the ownership
+    marker) the folder's marker, and a half-written ``v-<uuid hex>`` version folder.
+    """
     root = tmp_path / "idx"
-    (root / "v-deadbeef").mkdir(parents=True)
-    (root / "v-deadbeef" / "index.faiss").write_bytes(b"half")
+    dead = root / f"v-{'d' * 32}"
+    dead.mkdir(parents=True)
+    (root / ".lock").write_bytes(b"")
+    if writer == "this normrank":
+        (root / persistence.MARKER).write_text("{}")
+        (dead / persistence.VERSION_MARKER).write_text("{}")
+    (dead / "index.faiss").write_bytes(b"half")
     index = make_index(n=20)
     index.save(root)
     assert [p.name for p in root.iterdir() if p.name.startswith("v-")] == [os.readlink(root / "current")]

@@ -6,10 +6,26 @@ Real FAISS, real files, real threads; the only stand-in is a write step that rai
 
 from __future__ import annotations
 
+import errno
+import json
+import os
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from normrank import NormIndex, UnknownIdError, Weights
+from normrank import (
+    IndexFormatError,
+    InvalidArgumentError,
+    InvalidMetadataError,
+    InvalidTextError,
+    NormIndex,
+    PersistenceError,
+    UnknownIdError,
+    Weights,
+    persistence,
+)
 from tests.conftest import synthetic
 
 DIM = 16
@@ -40,3 +56,499 @@ def test_vectors_returns_the_added_raw_vectors_in_order(tmp_path, index_type):
         with pytest.raises(UnknownIdError, match=r"unknown ids: \['d5'\]"):
             ix.vectors(["d1", "d5"])
         assert ix.vectors([]).shape == (0, DIM)
+
+
+def observable(index: NormIndex) -> tuple:
+    """Everything a user can see of the store: ids, records, weights, calibrations, search results."""
+    ids = index.ids()
+    qv, qc = synthetic(4, dim=DIM, seed=99)
+    hits = index.search_batch(list(qv), min(5, len(index)), query_token_counts=qc.tolist())
+    return (ids, index.get(ids), index.weights, index.calibrator.to_dict(),
+            index.query_calibrator.to_dict() if index.query_calibrator else None, hits)
+
+
+def listing(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (links not followed) with its content or link target."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = ("-> " + os.readlink(p)) if p.is_symlink() else ("dir" if p.is_dir() else p.read_text())
+    return out
+
+
+# ------------------------------------------------------------------ 1. the user's own folders are never touched
+
+def deployment_layout(root: Path) -> Path:
+    """A common deployment layout: ``current -> v-1.2.3``, ``v-1.2.2/``, ``v-1.2.3/``, ``settings.ini``."""
+    for version in ("v-1.2.2", "v-1.2.3"):
+        (root / version).mkdir(parents=True)
+        (root / version / "app.py").write_text(f"print('{version}')\n")
+    os.symlink("v-1.2.3", root / "current")
+    (root / "settings.ini").write_text("[app]\nport = 8080\n")
+    return root
+
+
+def test_save_refuses_a_deployment_folder_and_writes_nothing(tmp_path):
+    root = deployment_layout(tmp_path / "deploy")
+    before = listing(root)
+    index, _, _ = make(n=40)
+    state = observable(index)
+    with pytest.raises(IndexFormatError, match=r"not a normrank index; refusing to write into it \(it holds "
+                                               r"current -> v-1\.2\.3, settings\.ini, v-1\.2\.2/, v-1\.2\.3/"):
+        index.save(root)
+    assert listing(root) == before  # not even a .lock or a marker
+    assert observable(index) == state
+
+
+def test_cli_index_out_refuses_a_deployment_folder(tmp_path):
+    from normrank.cli import main
+
+    root = deployment_layout(tmp_path / "deploy")
+    before = listing(root)
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"_id": f"d{i}", "text": f"passage {i}"}) for i in range(5)) + "\n")
+    with pytest.raises((IndexFormatError, SystemExit)) as info:
+        code = main(["index", str(corpus), "--out", str(root)])
+        assert code != 0
+        raise SystemExit(code)
+    assert listing(root) == before
+    assert not isinstance(info.value, SystemExit) or info.value.code != 0
+
+
+def test_a_normrank_folder_keeps_entries_normrank_did_not_write(tmp_path):
+    """Inside its own (marked) folder a save sweeps only its own old versions, nothing else."""
+    root = tmp_path / "idx"
+    index, _, _ = make(n=40)
+    first = index.save(root)
+    assert (root / persistence.MARKER).is_file() and (first / persistence.VERSION_MARKER).is_file()
+    (root / "README.txt").write_text("ours, not normrank's")
+    (root / "v-1.0.0").mkdir()
+    (root / "v-1.0.0" / "keep.txt").write_text("keep")
+    second = index.save(root)
+    assert not first.exists() and second.exists()
+    assert (root / "README.txt").read_text() == "ours, not normrank's"
+    assert (root / "v-1.0.0" / "keep.txt").read_text() == "keep"
+    assert observable(NormIndex.load(root)) == observable(index)
+
+
+def test_an_index_saved_before_the_marker_still_loads_and_saves(tmp_path):
+    root = tmp_path / "idx"
+    index, _, _ = make(n=40)
+    old = index.save(root)
+    (root / persistence.MARKER).unlink()  # exactly what an older normrank left
+    (old / persistence.VERSION_MARKER).unlink()
+    assert observable(NormIndex.load(root)) == observable(index)
+    index.delete(["d1"])
+    new = index.save(root)
+    assert not old.exists()  # its own old version is swept
+    assert [p.name for p in root.iterdir() if p.name.startswith("v-")] == [new.name]
+    assert observable(NormIndex.load(root)) == observable(index)
+
+
+# ------------------------------------------------------------------ 2 and 10. text and metadata at the door
+
+BAD_TEXT = "caf\udcff"
+
+
+@pytest.mark.parametrize("where", ["id", "text", "metadata value", "metadata key", "nested metadata"])
+def test_lone_surrogates_are_refused_at_the_door(tmp_path, where, encoder):
+    vecs, counts = synthetic(2, dim=384, seed=3)
+    base, bvecs = NormIndex(encoder), synthetic(30, dim=384, seed=4)
+    base.add_vectors(*bvecs, ids=[f"d{i}" for i in range(30)])
+    ids, texts, metas = ["n0", "n1"], ["ok", "fine"], [{"a": 1}, {"b": 2}]
+    if where == "id":
+        ids = ["n0", BAD_TEXT]
+    elif where == "text":
+        texts = ["ok", BAD_TEXT]
+    elif where == "metadata value":
+        metas = [{"a": 1}, {"b": BAD_TEXT}]
+    elif where == "metadata key":
+        metas = [{"a": 1}, {BAD_TEXT: 1}]
+    else:
+        metas = [{"a": 1}, {"b": [{"c": BAD_TEXT}]}]
+    before = base.ids(), base.get(base.ids())
+    with pytest.raises(InvalidTextError, match=r"lone surrogate '\\udcff' at position 3, which cannot be written "
+                                               r"as UTF-8") as info:
+        base.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
+    assert isinstance(info.value, ValueError)
+    with pytest.raises(InvalidTextError, match="lone surrogate"):
+        base.add_texts(texts, ids=ids, metadatas=metas)
+    assert (base.ids(), base.get(base.ids())) == before
+    base.save(tmp_path / "idx")  # a save still works: nothing unwritable got in
+    assert NormIndex.load(tmp_path / "idx", encoder=encoder).ids() == before[0]
+    with pytest.raises(InvalidTextError, match="query 0 is not valid Unicode text"):
+        base.search(BAD_TEXT, 3)
+
+
+def nested(depth: int) -> dict:
+    d: dict = {}
+    cur = d
+    for _ in range(depth - 1):
+        cur["x"] = {}
+        cur = cur["x"]
+    return d
+
+
+@pytest.mark.parametrize(("meta", "message"), [
+    (nested(700), "metadata 1 is nested more than 32 levels deep"),
+    (nested(33), "metadata 1 is nested more than 32 levels deep"),
+    ({"blob": "x" * 1_100_000}, "metadata 1 is larger than 1,000,000 bytes"),
+    ({"many": ["y" * 1000] * 1100}, "metadata 1 is larger than 1,000,000 bytes"),
+    ({"score": float("nan")}, r"metadata 1\['score'\] is nan; metadata numbers must be finite"),
+    ({"when": object()}, "metadata 1 is not JSON-serialisable"),
+])
+def test_unbounded_metadata_is_refused_and_what_is_accepted_saves_and_searches(tmp_path, meta, message):
+    index, _, _ = make(n=40)
+    before = observable(index)
+    vecs, counts = synthetic(2, dim=DIM, seed=8)
+    with pytest.raises(InvalidMetadataError, match=message) as info:
+        index.add_vectors(vecs, counts, ids=["m0", "m1"], metadatas=[{}, meta])
+    assert isinstance(info.value, InvalidArgumentError)
+    assert observable(index) == before
+    deepest = nested(32)  # the bound itself is accepted, saves, reloads and comes back from search
+    index.add_vectors(vecs, counts, ids=["m0", "m1"], metadatas=[{"n": 1}, deepest])
+    back = NormIndex.load(index.save(tmp_path / "idx").parent)
+    hits = back.search(vecs[1], len(back), query_token_count=int(counts[1]))
+    assert next(h for h in hits if h.id == "m1").metadata == deepest
+
+
+# ------------------------------------------------------------------ 4. fit publishes atomically
+
+def test_searches_during_a_fit_see_the_before_or_the_after_state(encoder, demo_encoded, demo_texts):
+    from normrank.datasets import demo_rows  # noqa: F401 - the demo corpus the fixtures encode
+
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder, weights=Weights(a=0.02, b=0.03))
+    ids = [f"doc{i}" for i in range(len(demo_texts))]
+    index.add_vectors(vecs, counts, ids=ids, texts=demo_texts)
+    index.calibrate_queries(["stars", "a long question about how the immune system learns to fight a virus"])
+    queries = {f"q{i}": t for i, t in enumerate(["How do vaccines work?", "stars and planets", "coffee",
+                                                  "volcano eruptions", "the speed of light", "ocean tides"])}
+    qrels = {q: {ids[(3 * i) % len(ids)]: 1, ids[(3 * i + 1) % len(ids)]: 1} for i, q in enumerate(queries)}
+    probe_vecs, probe_counts = encoder.encode_with_counts(["immune response", "planets", "hot drinks"])
+
+    def answer(ix: NormIndex) -> list:
+        return ix.search_batch(list(probe_vecs), 5, query_token_counts=probe_counts.tolist())
+
+    before = answer(index)
+    results: list = []
+    errors: list[BaseException] = []
+    fitting = threading.Event()
+    fitting.set()
+
+    def reader() -> None:
+        try:
+            while fitting.is_set():
+                results.append(answer(index))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        # a fit that fails late (bad folds) must change nothing at any moment ...
+        with pytest.raises(InvalidArgumentError, match=r"folds must be an integer in \[2, 1000\], got 'five'"):
+            index.fit(queries, qrels, folds="five")
+        assert answer(index) == before
+        # ... and a fit that succeeds publishes its calibration and weights together
+        report = index.fit(queries, qrels, alpha=0.999, min_gain=0.0)
+    finally:
+        fitting.clear()
+        for t in threads:
+            t.join(timeout=120)
+    assert errors == []
+    after = answer(index)
+    assert index.query_calibrator is not None and report.n_queries == len(queries)
+    assert after != before, "the fit changed nothing observable, so the test proves nothing"
+    torn = [r for r in results if r != before and r != after]
+    assert not torn, f"{len(torn)} of {len(results)} searches saw neither the before nor the after state"
+    assert len(results) >= 2
+
+
+def test_fit_options_are_named_errors_and_change_nothing(encoder, demo_encoded, demo_texts):
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder, weights=Weights(a=0.02, b=0.03))
+    index.add_vectors(vecs, counts, ids=[f"doc{i}" for i in range(len(vecs))])
+    index.calibrate_queries(["stars", "vaccines and the immune system"])
+    queries, qrels = {"q1": "stars", "q2": "coffee"}, {"q1": {"doc1": 1}, "q2": {"doc2": 1}}
+    cal = index.query_calibrator.to_dict()
+    for options, message in (({"folds": "five"}, "folds must be an integer"), ({"folds": 1}, r"folds must be in \[2"),
+                             ({"folds": True}, "folds must be an integer .* got the bool True"),
+                             ({"alpha": float("nan")}, "alpha must be a finite number"),
+                             ({"grid_a": ["x"]}, "grid_a must be a list of finite numbers"),
+                             ({"features": "raw"}, "features must be a list"),
+                             ({"depth": 0}, r"depth must be in \[1, 100000\], got 0")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            index.fit(queries, qrels, **options)
+        assert index.query_calibrator.to_dict() == cal and index.weights == Weights(a=0.02, b=0.03)
+    report = index.fit(queries, qrels, folds=np.int64(2), seed=np.int64(1))
+    assert report.folds == 2
+
+
+# ------------------------------------------------------------------ 6 and 15. deletes: cheap, and gone from the file
+
+def _all_vectors(saved) -> np.ndarray:
+    import faiss
+
+    index = faiss.downcast_index(saved)  # `saved` owns the C++ object: keep it referenced
+    if isinstance(index, faiss.IndexIVFFlat):
+        parts = []
+        for i in range(index.nlist):
+            n = index.invlists.list_size(i)
+            if n:
+                codes = faiss.rev_swig_ptr(index.invlists.get_codes(i), n * index.code_size)
+                parts.append(np.frombuffer(bytes(codes), dtype=np.float32).reshape(n, index.d))
+        return np.concatenate(parts)
+    assert saved is not None
+    inner = faiss.downcast_index(index.index)  # an IndexFlat, or an IndexHNSWFlat over one
+    return inner.reconstruct_n(0, inner.ntotal)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+def test_a_deleted_document_is_not_in_the_saved_faiss_file(tmp_path, index_type):
+    index, vecs, _ = make(n=300, index_type=index_type)
+    gone = [3, 50, 299]
+    index.delete([f"d{i}" for i in gone])
+    before = observable(index)
+    folder = index.save(tmp_path / "idx")
+    assert observable(index) == before  # compacting on save changes no answer
+    stored = _all_vectors(__import__("faiss").read_index(str(folder / "index.faiss")))
+    assert stored.shape[0] == 297
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    sims = stored[:, :DIM] @ unit.T  # each stored direction against every added document
+    best = sims.argmax(axis=1)
+    assert np.all(sims.max(axis=1) > 0.9999)
+    assert not set(best.tolist()) & set(gone), "a deleted document's vector is still in index.faiss"
+    assert np.load(folder / "tombstones.npy").size == 0
+    assert observable(NormIndex.load(tmp_path / "idx")) == before
+
+
+@pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
+def test_one_at_a_time_deletes_across_compactions_give_exact_answers(index_type):
+    """Single deletes are tombstones compacted in batches; answers stay those of a fresh index."""
+    n = 700
+    index, vecs, counts = make(n=n, index_type=index_type)
+    rng = np.random.default_rng(1)
+    gone = sorted(rng.choice(n, 400, replace=False).tolist())
+    for i in gone:
+        assert index.delete([f"d{i}"]) == 1
+    keep = [i for i in range(n) if i not in set(gone)]
+    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05), calibrator=index.calibrator, index_type="flat")
+    fresh.add_vectors(vecs[keep], counts[keep], ids=[f"d{i}" for i in keep])
+    qv, qc = synthetic(6, dim=DIM, seed=9)
+    got = index.search_batch(list(qv), 10, query_token_counts=qc.tolist())
+    ref = fresh.search_batch(list(qv), 10, query_token_counts=qc.tolist())
+    assert all(not {h.id for h in row} & {f"d{i}" for i in gone} for row in got)
+    if index_type == "flat":
+        assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in ref]
+    assert index.ids() == [f"d{i}" for i in keep] and len(index) == len(keep)
+    np.testing.assert_allclose(index.vectors([f"d{i}" for i in keep[:20]]), vecs[keep[:20]], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ 12 and 14. numeric options, one table
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("ef_search", 2_000_000_000, r"ef_search must be in \[1, 65536\], got 2000000000"),
+    ("ef_search", 2e9, r"ef_search must be an integer in \[1, 65536\], got 2000000000.0 \(float\)"),
+    ("nprobe", 0, r"nprobe must be in \[1, 1048576\], got 0"),
+    ("hnsw_m", True, "hnsw_m must be an integer .* got the bool True"),
+    ("nlist", "256", r"nlist must be an integer in \[1, 1048576\], got '256' \(str\)"),
+    ("pad_to", -1, r"pad_to must be in \[1, 1024\], got -1"),
+    ("ef_construction", 10**9, r"ef_construction must be in \[4, 65536\]"),
+])
+def test_numeric_options_are_range_checked_at_construction_and_when_set(option, value, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        NormIndex(dim=DIM, **{option: value})
+    index, _, _ = make(n=60, index_type="hnsw")
+    before = observable(index)
+    with pytest.raises(InvalidArgumentError, match=message):
+        setattr(index, option, value)
+    assert observable(index) == before
+    index.ef_search = np.int64(64)  # NumPy integers are integers
+    assert index.ef_search == 64 and type(index.ef_search) is int
+
+
+def test_nprobe_and_ef_search_set_later_take_effect():
+    import faiss
+
+    index, _, _ = make(n=400, index_type="ivf")
+    index.nprobe = 1
+    assert index._index.nprobe == 1
+    hnsw, _, _ = make(n=100, index_type="hnsw")
+    hnsw.ef_search = 7
+    assert faiss.downcast_index(hnsw._index.index).hnsw.efSearch == 7
+    with pytest.raises(InvalidArgumentError, match="pad_to is fixed once the index holds documents"):
+        hnsw.pad_to = 8
+
+
+def _rewrite(folder: Path, name: str, data: bytes) -> None:
+    """Replace a saved file and fix its checksum, as someone able to edit the folder would."""
+    (folder / name).write_bytes(data)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][name] = persistence.sha256_file(folder / name)
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("ef_search", 2e9, r"invalid setting in state.json: ef_search must be an integer in \[1, 65536\]"),
+    ("ef_search", 2_000_000_000, r"invalid setting in state.json: ef_search must be in \[1, 65536\]"),
+    ("nprobe", -5, "invalid setting in state.json: nprobe must be in"),
+    ("index_type", "annoy", "unknown index_type 'annoy' in state.json"),
+    ("dim", "16", "invalid dim '16' in state.json"),
+])
+def test_a_tampered_state_json_is_refused_before_it_is_used(tmp_path, key, value, message):
+    index, _, _ = make(n=60, index_type="hnsw")
+    folder = index.save(tmp_path / "idx")
+    state = json.loads((folder / "state.json").read_text())
+    state[key] = value
+    _rewrite(folder, "state.json", json.dumps(state).encode())
+    with pytest.raises(IndexFormatError, match=message):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_k_accepts_numpy_integers():
+    index, vecs, counts = make(n=60)
+    hits = index.search(vecs[0], np.int64(3), query_token_count=int(counts[0]))
+    assert [h.id for h in hits] == [h.id for h in index.search(vecs[0], 3, query_token_count=int(counts[0]))]
+    assert len(index.search_batch([vecs[1]], np.int32(2), query_token_counts=[5])[0]) == 2
+    with pytest.raises(InvalidArgumentError, match="k must be a positive integer, got np.True_|k must be a positive"):
+        index.search(vecs[0], np.bool_(True), query_token_count=5)
+
+
+# ------------------------------------------------------------------ 14. wrong FAISS file, disk full
+
+@pytest.mark.parametrize(("saved_as", "replacement", "message"), [
+    ("flat", "bare flat", r"index.faiss holds a IndexFlatIP, but state.json says index_type 'flat'"),
+    ("flat", "hnsw", r"holds a IndexIDMap2\(IndexHNSWFlat\), but state.json says index_type 'flat'"),
+    ("hnsw", "flat", r"holds a IndexIDMap2\(IndexFlatIP\), but state.json says index_type 'hnsw'"),
+    ("ivf", "flat", r"holds a IndexIDMap2\(IndexFlatIP\), but state.json says index_type 'ivf'"),
+    ("flat", "l2 flat", r"saved as an inner-product IndexIDMap2\(IndexFlat\)"),
+])
+def test_a_valid_faiss_file_of_the_wrong_type_is_named(tmp_path, saved_as, replacement, message):
+    import faiss
+
+    index, vecs, _ = make(n=300, index_type=saved_as)
+    folder = index.save(tmp_path / "idx")
+    width = index.augmented_dim
+    data = np.zeros((300, width), dtype=np.float32)
+    data[:, :DIM] = vecs
+    if replacement == "bare flat":
+        other = faiss.IndexFlatIP(width)
+        other.add(data)
+    else:
+        inner = (faiss.IndexHNSWFlat(width, 8, faiss.METRIC_INNER_PRODUCT) if replacement == "hnsw"
+                 else faiss.IndexFlatL2(width) if replacement == "l2 flat" else faiss.IndexFlatIP(width))
+        other = faiss.IndexIDMap2(inner)
+        other.add_with_ids(data, np.arange(300, dtype=np.int64))
+    _rewrite(folder, "index.faiss", faiss.serialize_index(other).tobytes())
+    with pytest.raises(IndexFormatError, match=message):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_disk_full_during_save_is_named_and_loses_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "idx"
+    index, vecs, counts = make(n=80)
+    index.save(root)
+    saved = observable(NormIndex.load(root))
+    index.add_vectors(vecs[:5] * 1.01, counts[:5], ids=[f"new{i}" for i in range(5)])
+    index.delete(["d2"])
+    in_memory = observable(index)
+    real_save = np.save
+
+    def full_disk(file, *args, **kwargs):
+        if str(file).endswith("token_counts.npy"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", full_disk)
+    with pytest.raises(PersistenceError, match=r"saving the index to .* failed: No space left on device; the "
+                                               r"previous save is intact") as info:
+        index.save(root)
+    monkeypatch.undo()
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert observable(index) == in_memory
+    assert observable(NormIndex.load(root)) == saved
+    assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1  # no half-written debris
+    index.save(root)  # space again: the next save works
+    assert observable(NormIndex.load(root)) == in_memory
+
+
+FSIZE_CHILD = """
+import json, resource, signal, sys
+sys.path.insert(0, {root!r})
+from normrank import NormIndex, PersistenceError, Weights
+from tests.conftest import synthetic
+
+path = sys.argv[1]
+vecs, counts = synthetic(3000, dim=64, seed=2)
+index = NormIndex(dim=64, weights=Weights(a=0.05))
+index.add_vectors(vecs[:50], counts[:50], ids=[f"d{{i}}" for i in range(50)])
+index.save(path)
+index.add_vectors(vecs[50:], counts[50:], ids=[f"d{{i}}" for i in range(50, 3000)])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # the OS refuses writes past 200 kB
+try:
+    index.save(path)
+except PersistenceError as exc:
+    print(json.dumps({{"errno": exc.errno, "message": str(exc), "n": len(index)}}))
+"""
+
+
+def test_a_real_write_limit_during_save_is_a_persistence_error(tmp_path):
+    """Not a stand-in: the kernel refuses the FAISS write (RLIMIT_FSIZE, EFBIG), mid-file."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "idx"
+    script = tmp_path / "child.py"
+    script.write_text(FSIZE_CHILD.format(root=str(Path(__file__).resolve().parent.parent)))
+    proc = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["errno"] == errno.EFBIG and "the previous save is intact" in out["message"] and out["n"] == 3000
+    assert NormIndex.load(root).ids() == [f"d{i}" for i in range(50)]
+    assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1
+
+
+# ------------------------------------------------------------------ 15. symlinks in a saved folder are not followed
+
+@pytest.mark.parametrize("name", ["records.jsonl", "state.json", "index.faiss", "manifest.json"])
+def test_a_file_linked_outside_the_folder_is_refused(tmp_path, name):
+    index, _, _ = make(n=40)
+    folder = index.save(tmp_path / "idx")
+    outside = tmp_path / f"outside-{name}"
+    outside.write_bytes((folder / name).read_bytes())  # same content, so the checksum alone would pass
+    (folder / name).unlink()
+    os.symlink(outside, folder / name)
+    with pytest.raises(IndexFormatError, match="is a symbolic link; refusing to follow it"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_a_lock_file_linked_outside_is_not_followed(tmp_path):
+    root = tmp_path / "idx"
+    index, _, _ = make(n=40)
+    index.save(root)
+    victim = tmp_path / "precious.txt"
+    victim.write_text("do not touch")
+    (root / ".lock").unlink()
+    os.symlink(victim, root / ".lock")
+    with pytest.raises(IndexFormatError, match=r"\.lock is a symbolic link; refusing to follow it"):
+        NormIndex.load(root)
+    with pytest.raises((IndexFormatError, PersistenceError), match="symbolic link|not a normrank index"):
+        index.save(root)
+    assert victim.read_text() == "do not touch"
+
+
+# ------------------------------------------------------------------ issue 11 item 5: no store <-> fitting cycle
+
+def test_fitting_does_not_import_the_store():
+    import subprocess
+    import sys
+
+    code = ("import sys, normrank.fitting; "
+            "assert 'normrank.store' not in sys.modules, 'fitting imported the store'; "
+            "import normrank.store, inspect; src = inspect.getsource(normrank.store); "
+            "assert '\\nfrom normrank.fitting' not in src and '\\nimport normrank.fitting' not in src")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
