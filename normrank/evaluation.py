@@ -8,10 +8,15 @@ evaluated queries out of every fitting step, query calibration included:
 * **k-fold cross-validation** otherwise: the evaluated queries are split into folds; each
   fold is searched with the blend (and query calibration) fitted on the other folds only.
 
-Metrics are per query from pytrec_eval (:mod:`normrank.metrics`); differences against
-cosine are tested with a two-sided paired t-test over queries and counted as queries
+Metrics are per query, computed as trec_eval does (:mod:`normrank.metrics`, checked equal
+to pytrec_eval in the tests); differences against cosine are tested with a two-sided paired t-test over queries and counted as queries
 improved / worsened, because a mean alone hides a blend that helps some queries and
 hurts as many others.
+
+Several models (``normrank eval --model A --model B``) are evaluated on the same queries
+under the same protocol, each with its own encodings (cached per model fingerprint), and
+reported side by side (:func:`evaluate_models`, :func:`format_models`, :func:`plot_models`).
+The BM25 baseline needs the ``eval`` extra (bm25s): ``pip install "normrank[eval]"``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from scipy import stats
 from normrank.cache import encode_cached
 from normrank.datasets import available_splits, load_beir, load_qrels
 from normrank.encoders import RawEncoder
-from normrank.errors import DatasetError, EmptyCorpusError, InvalidArgumentError
+from normrank.errors import DatasetError, EmptyCorpusError, InvalidArgumentError, MissingExtraError
 from normrank.fitting import check_qrels, fit_candidates
 from normrank.metrics import has_relevant, per_query
 from normrank.scoring import Weights
@@ -180,6 +185,20 @@ def read_qrels(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
     return qrels
 
 
+# ---------------------------------------------------------------- optional packages
+EVAL_EXTRA_HINT = 'pip install "normrank[eval]"'
+
+
+def require_bm25s() -> Any:
+    """The ``bm25s`` module, or a :class:`MissingExtraError` naming the extra that installs it."""
+    try:
+        import bm25s
+    except ImportError as exc:
+        raise MissingExtraError(f"the BM25 baseline of `normrank eval` needs bm25s, which the core install "
+                                f"leaves out: {EVAL_EXTRA_HINT}") from exc
+    return bm25s
+
+
 # ---------------------------------------------------------------- runs
 def _ranked(doc_ids: Sequence[str], k: int) -> dict[str, float]:
     """A run entry whose scores reproduce our order exactly (trec_eval re-sorts by score, ties by id)."""
@@ -243,7 +262,7 @@ class Evaluator:
 
     def bm25(self, qids: Sequence[str]) -> Run:
         """BM25 from bm25s with its defaults (English stopwords, no stemmer)."""
-        import bm25s  # a core dependency: `normrank eval` always reports the BM25 baseline
+        bm25s = require_bm25s()
         if self._bm25 is None:
             tokens = bm25s.tokenize(self.coll.texts, show_progress=False)
             self._bm25 = bm25s.BM25()
@@ -307,7 +326,10 @@ class Evaluator:
                 splits.append(([q for i, q in enumerate(eval_qids) if i in held_idx],
                                [q for i, q in enumerate(eval_qids) if i not in held_idx]))
         infos = []
-        for held, train in splits:
+        for i, (held, train) in enumerate(splits, 1):
+            # progress of the slow part (`normrank eval` prints these lines unless --no-progress)
+            logger.info("fitting %d/%d on %d queries, searching %d held-out queries", i, len(splits), len(train),
+                        len(held))
             report, info = self._fit(train, qrels, fit_kwargs)
             for v in variants:
                 weights = Weights(**report.best_candidate) if v == "forced" else report.weights
@@ -381,6 +403,7 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
     EmptyCorpusError
         Every document is empty, or there are too few judged queries to fit.
     """
+    require_bm25s()  # before minutes of encoding, not after
     protocol = choose_protocol(path, split, train_split, folds, seed)
     splits = [protocol.split] + ([protocol.train_split] if protocol.train_split else [])
     coll = load_collection(path, splits, encoder, show_progress=show_progress)
@@ -390,6 +413,7 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
     qids = eval_qids(coll, protocol.split)
     if not qids:
         raise EmptyCorpusError(f"split {protocol.split!r} has no judged query with a relevant document")
+    logger.info("searching %d queries with cosine, BM25 and raw dot", len(qids))
     ev = Evaluator(coll, encoder)
     runs = {"cosine": ev.cosine(qids), "bm25": ev.bm25(qids), "rawdot": ev.rawdot(qids)}
     runs["normrank"], fit = ev.normrank(protocol, qids, fit_kwargs)
@@ -460,6 +484,132 @@ def format_report(result: Mapping[str, Any]) -> str:
                else "no significant difference between normrank and cosine")
     lines.append(f"verdict: {verdict} (nDCG@10 {nr['delta_ndcg@10']:+.4f}, p={nr['p_ndcg@10']:.3g})")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- several models side by side
+def model_label(name: str) -> str:
+    """A short name for a model path: the bundled model is ``all-MiniLM-L6-v2``, a folder its own name."""
+    from normrank.encoders import default_model_path
+
+    try:
+        if Path(name).resolve() == default_model_path().resolve():
+            return "all-MiniLM-L6-v2"
+    except Exception:  # the bundled package missing is no reason to fail a label
+        pass
+    path = Path(name)
+    return path.name if path.name not in ("", "model") else (path.parent.name or name)
+
+
+def summary_row(result: Mapping[str, Any]) -> dict[str, Any]:
+    """One model's line of the side-by-side table: nDCG@10 of each run, normrank's gain over cosine and p."""
+    runs, sig = result["runs"], result["significance"]["normrank_vs_cosine"]
+    fit = result["fit"]
+    if "per_fold" in fit:
+        accepted = f"{fit['accepted_folds']}/{len(fit['per_fold'])} folds"
+    else:
+        accepted = "accepted" if fit.get("accepted") else "kept cosine"
+    return {"model": result.get("model_label") or model_label(str(result["model"])), "model_path": result["model"],
+            "dim": result.get("dim"), "cosine": runs["cosine"]["ndcg@10"], "bm25": runs["bm25"]["ndcg@10"],
+            "rawdot": runs["rawdot"]["ndcg@10"], "normrank": runs["normrank"]["ndcg@10"],
+            "gain": sig["delta_ndcg@10"], "p": sig["p_ndcg@10"], "up": sig["improved"], "down": sig["worsened"],
+            "fit": accepted, "p_rawdot": result["significance"]["rawdot_vs_cosine"]["p_ndcg@10"]}
+
+
+def evaluate_models(path: str | os.PathLike[str], models: Sequence[str | os.PathLike[str] | RawEncoder | None],
+                    **kwargs: Any) -> dict[str, Any]:
+    """:func:`evaluate` once per model on the same queries and protocol; the ``--json`` object of
+    ``normrank eval --model A --model B``: ``{"dataset", ..., "models": [per-model result], "summary": [rows]}``.
+
+    ``None`` is the bundled all-MiniLM-L6-v2. Each model's encodings are cached under its own
+    fingerprint, so a second run of the same comparison only fits and searches.
+
+    Raises
+    ------
+    InvalidArgumentError
+        No model, or the same model twice.
+    """
+    if not models:
+        raise InvalidArgumentError("give at least one model")
+    encoders = [m if isinstance(m, RawEncoder) else RawEncoder(m) for m in models]
+    names = [str(Path(e.model_name).resolve()) if Path(e.model_name).exists() else e.model_name for e in encoders]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise InvalidArgumentError(f"the same model is given twice: {dupes[0]}")
+    results = []
+    for enc in encoders:
+        res = evaluate(path, encoder=enc, **kwargs)
+        res["model_label"] = model_label(enc.model_name)
+        res["dim"] = int(enc.dim)
+        results.append(res)
+    return combine(results)
+
+
+def combine(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per-model results of one collection as the side-by-side object (see :func:`evaluate_models`)."""
+    first = results[0]
+    return _json_safe({"dataset": first["dataset"], "n_queries": first["n_queries"], "split": first["split"],
+                       "protocol": first["protocol"], "n_docs": first["n_docs"], "models": list(results),
+                       "summary": [summary_row(r) for r in results]})
+
+
+def format_models(result: Mapping[str, Any]) -> str:
+    """The side-by-side table of :func:`evaluate_models`, then each model's fit and verdict."""
+    lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
+             f"{result['n_docs']} documents; nDCG@10 per model",
+             "",
+             f"  {'model':<24} {'dim':>4} {'cosine':>7} {'BM25':>7} {'raw dot':>7} {'normrank':>8} {'gain':>8} "
+             f"{'p':>7} {'up/down':>9}  fit"]
+    for row in result["summary"]:
+        lines.append(f"  {row['model'][:24]:<24} {row['dim'] or '':>4} {row['cosine']:>7.4f} {row['bm25']:>7.4f} "
+                     f"{row['rawdot']:>7.4f} {row['normrank']:>8.4f} {row['gain']:>+8.4f} {row['p']:>7.3g} "
+                     f"{row['up']:>4}/{row['down']:<4}  {row['fit']}")
+    lines += ["", "gain and p: fitted normrank minus cosine, two-sided paired t-test over the evaluated queries "
+              "(never used for fitting)."]
+    for res in result["models"]:
+        lines += ["", f"[{res.get('model_label') or model_label(str(res['model']))}] {res['model']}",
+                  *format_report(res).splitlines()[2:]]
+    return "\n".join(lines)
+
+
+def plot_models(result: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """A PNG of :func:`evaluate_models`: nDCG@10 of cosine, BM25, raw dot and normrank per model.
+
+    Raises
+    ------
+    MissingExtraError
+        matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise MissingExtraError("the --plot PNG needs matplotlib: pip install \"normrank[bench]\"") from exc
+    rows = result["summary"]
+    runs = (("cosine", "cosine", "#4c72b0"), ("bm25", "BM25", "#8c8c8c"), ("rawdot", "raw dot", "#dd8452"),
+            ("normrank", "normrank (fitted)", "#55a868"))
+    width = 0.8 / len(runs)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.9 * len(rows) + 2.0), 4.0))
+    x = np.arange(len(rows))
+    for i, (key, label, color) in enumerate(runs):
+        vals = [r[key] for r in rows]
+        ax.bar(x + (i - (len(runs) - 1) / 2) * width, vals, width, label=label, color=color)
+    for xi, r in zip(x, rows):
+        ax.annotate(f"gain {r['gain']:+.3f}\np={r['p']:.2g}", (xi + 1.5 * width, r["normrank"]),
+                    xytext=(0, 3), textcoords="offset points", ha="center", fontsize=7)
+    ax.set_xticks(x, [f"{r['model']}\n({r['dim']}-d)" if r.get("dim") else r["model"] for r in rows])
+    ax.set_ylabel("nDCG@10")
+    top = max(max(r[k] for k, _, _ in runs) for r in rows)
+    ax.set_ylim(0, min(1.0, top * 1.25 + 0.02))
+    ax.set_title(f"{result['dataset']}: {result['n_queries']} queries, {result['protocol']}")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
 
 
 def _weights_str(w: Mapping[str, Any]) -> str:

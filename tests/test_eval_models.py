@@ -1,0 +1,121 @@
+"""`normrank eval --model A --model B` and `normrank index --model`: the bundled MiniLM beside a tiny randomly
+initialised BERT saved here (built from a config, no download), one side-by-side report, encodings cached per model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from normrank.cli import main
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 32-d, 2-layer BERT with random weights and MiniLM's tokenizer, saved as a stock ST folder."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from normrank.encoders import default_model_path
+
+    root = tmp_path_factory.mktemp("tiny")
+    tok = AutoTokenizer.from_pretrained(str(default_model_path()))
+    torch.manual_seed(0)
+    bert = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                intermediate_size=64, max_position_embeddings=512))
+    bert.save_pretrained(root / "hf")
+    tok.save_pretrained(root / "hf")
+    st = SentenceTransformer(modules=[Transformer(str(root / "hf"), max_seq_length=128), Pooling(32, "mean"),
+                                      Normalize()], device="cpu")
+    st.save(str(root / "tiny-bert"))
+    return root / "tiny-bert"
+
+
+@pytest.fixture(scope="module")
+def demo_beir(tmp_path_factory) -> Path:
+    """Known-item search on the bundled demo corpus: each title is a query for its passage."""
+    from normrank.datasets import demo_rows
+
+    folder = tmp_path_factory.mktemp("demo-beir")
+    (folder / "qrels").mkdir()
+    rows = demo_rows()
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": r["_id"], "text": r["text"]}) + "\n"
+                                                 for r in rows))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{i}", "text": r["title"]}) + "\n"
+                                                  for i, r in enumerate(rows)))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{i}\t{r['_id']}\t1\n" for i, r in enumerate(rows)))
+    return folder
+
+
+def test_two_models_side_by_side_json_text_and_png(demo_beir, tiny_model, tmp_path, capsys, monkeypatch, encoder):
+    from normrank.cache import cache_key
+    from normrank.encoders import RawEncoder, default_model_path
+
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    png = tmp_path / "models.png"
+    argv = ["eval", str(demo_beir), "--model", str(default_model_path()), "--model", str(tiny_model),
+            "--folds", "3", "--no-progress"]
+    assert main([*argv, "--json", "--plot", str(png)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["model"] for r in res["summary"]] == ["all-MiniLM-L6-v2", "tiny-bert"]
+    assert [r["dim"] for r in res["summary"]] == [384, 32]
+    assert len(res["models"]) == 2 and all(m["n_queries"] == res["n_queries"] == 48 for m in res["models"])
+    mini, tiny = res["summary"]
+    for row, full in zip(res["summary"], res["models"]):
+        sig = full["significance"]["normrank_vs_cosine"]
+        assert row["gain"] == pytest.approx(full["runs"]["normrank"]["ndcg@10"] - full["runs"]["cosine"]["ndcg@10"])
+        assert row["p"] == sig["p_ndcg@10"] and 0.0 <= row["p"] <= 1.0
+        assert row["bm25"] == full["runs"]["bm25"]["ndcg@10"]  # the same BM25 for every model
+    assert mini["bm25"] == tiny["bm25"]
+    assert mini["cosine"] > tiny["cosine"] + 0.2  # a trained model finds its passages; random weights do not
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    # each model's encodings are cached under its own fingerprint
+    texts = [json.loads(line)["text"] for line in (demo_beir / "corpus.jsonl").read_text().splitlines()]
+    for model in (None, tiny_model):
+        assert (tmp_path / "cache" / f"{cache_key(RawEncoder(model), texts)}.npz").is_file()
+    n_cached = len(list((tmp_path / "cache").glob("*.npz")))
+    assert main(argv) == 0  # the text report, from the cache
+    text = capsys.readouterr().out
+    assert len(list((tmp_path / "cache").glob("*.npz"))) == n_cached
+    assert "all-MiniLM-L6-v2" in text and "tiny-bert" in text and "gain" in text and "[tiny-bert]" in text
+    assert text.count("verdict:") == 2
+
+
+def test_same_model_twice_and_a_missing_model_are_errors(demo_beir, tmp_path, capsys):
+    from normrank.encoders import default_model_path
+
+    assert main(["eval", str(demo_beir), "--model", str(default_model_path()), "--model",
+                 str(default_model_path()), "--folds", "3"]) == 1
+    assert "the same model is given twice" in capsys.readouterr().err
+    assert main(["eval", str(demo_beir), "--model", str(tmp_path / "nope"), "--folds", "3"]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" in err and len(err.strip().splitlines()) == 1
+
+
+def test_index_with_model_saves_and_searches_with_that_model(demo_beir, tiny_model, tmp_path, capsys, monkeypatch):
+    from normrank.store import NormIndex
+
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "idx"
+    assert main(["index", str(demo_beir), "--out", str(out), "--model", str(tiny_model), "--no-progress"]) == 0
+    assert "tiny-bert" in capsys.readouterr().out
+    index = NormIndex.load(out)
+    assert Path(index.encoder.model_name) == tiny_model.resolve() and index.encoder.dim == 32
+    hits = index.search("photosynthesis", 3)
+    assert len(hits) == 3 and all(np.isfinite(h.score) for h in hits)
+    assert main(["search", str(out), "photosynthesis", "-k", "2", "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["hits"]) == 2
+
+
+def test_single_model_keeps_the_single_report_and_writes_a_png(demo_beir, tmp_path, capsys, monkeypatch, encoder):
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    png = tmp_path / "one.png"
+    assert main(["eval", str(demo_beir), "--folds", "3", "--json", "--no-progress", "--plot", str(png)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert set(res["runs"]) == {"cosine", "bm25", "rawdot", "normrank"} and "models" not in res
+    assert png.read_bytes()[:4] == b"\x89PNG"
