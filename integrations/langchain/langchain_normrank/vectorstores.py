@@ -55,7 +55,7 @@ from langchain_normrank._shared import (
     warn_empty,
 )
 from langchain_normrank.embeddings import NormRankEmbeddings
-from normrank._validation import UNIT_NORM_TOLERANCE, check_norm_signal, check_option
+from normrank._validation import UNIT_NORM_TOLERANCE, check_metadata, check_norm_signal, check_option, check_text
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
@@ -225,14 +225,19 @@ class NormRankVectorStore(VectorStore):
         metas = [{} for _ in range(n)] if metadatas is None else list(metadatas)
         if len(metas) != n:
             raise InvalidArgumentError(f"{len(metas)} metadatas for {n} texts")
+        # Everything the index would refuse is refused here, before the (slow, maybe paid) embedding.
+        allow_nul = bool(getattr(self.index, "_allow_nul", True))
+        for i, t in enumerate(items):
+            check_text(t, f"text {i}", allow_nul=allow_nul)
         for i, m in enumerate(metas):
-            if not isinstance(m, Mapping):
-                raise InvalidArgumentError(f"metadata {i} is a {type(m).__name__}, expected a dict")
+            check_metadata(m, f"metadata {i}", allow_nul=allow_nul)
         check_explanation_key(metas, self.explanation_key)
         given = [None] * n if ids is None else list(ids)
         if len(given) != n:
             raise InvalidArgumentError(f"{len(given)} ids for {n} texts")
         new_ids = _check_ids_given([x if x is not None and x != "" else uuid.uuid4().hex for x in given])
+        for i, x in enumerate(new_ids):
+            check_text(x, f"id {i}", allow_nul=allow_nul)
         if len(set(new_ids)) != n:
             dup = next(x for x in new_ids if new_ids.count(x) > 1)
             raise DuplicateIdError(f"id {dup!r} is given twice in this call")
@@ -338,6 +343,7 @@ class NormRankVectorStore(VectorStore):
         if self._shared:
             return query, None
         check_texts([query])
+        check_text(query, "the query")
         vec = np.asarray(self.embedding.embed_query(query), dtype=np.float32).ravel()
         norm = float(np.linalg.norm(vec.astype(np.float64)))
         if abs(norm - 1.0) < UNIT_NORM_TOLERANCE:

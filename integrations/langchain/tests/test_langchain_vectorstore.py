@@ -309,6 +309,43 @@ def test_a_failed_replacement_puts_the_old_document_back():
     assert _ids(store.similarity_search("bar", k=1)) == ["2"]
 
 
+def _deep(depth: int) -> dict:
+    out: dict = {}
+    for _ in range(depth):
+        out = {"k": out}
+    return out
+
+
+class CountingEmbeddings(DeterministicFakeEmbedding):
+    """DeterministicFakeEmbedding that counts its calls (a paid API would bill each)."""
+
+    calls: int = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.calls += 1
+        return super().embed_documents(texts)
+
+
+@pytest.mark.parametrize("bad", [
+    {"texts": ["ok", "bad \udcff"]},
+    {"texts": ["ok"], "metadatas": [{"k": "\udcff"}]},
+    {"texts": ["ok"], "ids": ["\udcff"]},
+    {"texts": ["ok"], "metadatas": [_deep(700)]},
+    {"texts": ["ok", "two"], "ids": ["same", "same"]},
+    {"texts": ["   "]},
+    {"texts": ["ok"], "metadatas": [{"x": float("nan")}]},
+], ids=["surrogate-text", "surrogate-metadata", "surrogate-id", "deep-metadata", "duplicate-ids", "blank", "nan"])
+def test_bad_input_is_refused_before_embedding_and_changes_nothing(bad):
+    emb = CountingEmbeddings(size=6)
+    store = NormRankVectorStore(emb)
+    store.add_texts(["foo", "bar"], ids=["1", "2"])
+    calls = emb.calls
+    with pytest.raises(ValueError) as info:
+        store.add_texts(**bad)
+    assert type(info.value).__module__.startswith("normrank")  # a named normrank error
+    assert emb.calls == calls and store.index.ids() == ["1", "2"]
+
+
 def test_external_embeddings_use_a_documented_token_count():
     assert approximate_token_counts(["Hello, world!", "one"]) == [6, 3]
     store = NormRankVectorStore(DeterministicFakeEmbedding(size=8))
