@@ -56,6 +56,8 @@ class Analysis:
     weights: dict[str, Any]
     query_calibrated: bool
     warnings: list[str] = field(default_factory=list)
+    #: Documents at the model's window (truncated when encoded): max_tokens, truncated, share.
+    truncation: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,8 +115,24 @@ def analyze_index(index: NormIndex, top: int = 5) -> Analysis:
         most_specific=[summ(i) for i in order[:top]], least_specific=[summ(i) for i in order[::-1][:top]],
         weights=index.weights.to_dict(), query_calibrated=index.query_calibrator is not None,
     )
+    result.truncation = _truncation(index, counts)
     result.warnings.extend(_warnings(result, norms, g))
     return result
+
+
+def _truncation(index: NormIndex, counts: np.ndarray) -> dict[str, Any]:
+    """How many documents reached the encoder's window, from the stored token counts (no re-tokenising)."""
+    from normrank.encoders import truncation_summary
+
+    encoder = getattr(index, "_encoder", None)
+    if encoder is None:  # vectors added without an encoder: their model and its window are unknown
+        return {}
+    try:
+        limit = encoder.max_seq_length or encoder.max_tokens
+    except Exception as exc:  # an index of bare vectors whose model cannot be loaded here
+        logger.info("truncation not reported: %s", exc)
+        return {}
+    return truncation_summary(counts, int(limit))
 
 
 def _warnings(a: Analysis, norms: np.ndarray, g: np.ndarray) -> list[str]:
@@ -148,7 +166,12 @@ def format_analysis(a: Analysis) -> str:
         f"{'fitted' if a.query_calibrated else 'not fitted (run normrank fit)'}",
         f"raw norm:      median {n['median']:.4f}  5-95% {n['p05']:.4f}..{n['p95']:.4f}  "
         f"range {n['min']:.4f}..{n['max']:.4f}  sd/mean {n['sd'] / n['mean']:.4f}",
-        f"token count:   median {c['median']:.0f}  5-95% {c['p05']:.0f}..{c['p95']:.0f}",
+        f"token count:   median {c['median']:.0f}  5-95% {c['p05']:.0f}..{c['p95']:.0f}"
+        + (f"  truncated at {a.truncation['max_tokens']}: {a.truncation['truncated']} documents"
+           f" ({a.truncation['share']:.1%})" if a.truncation else ""),
+        *([f"  {a.truncation['truncated']} documents were cut at the model's window: only their beginning is "
+           "embedded; index long files in chunks (`normrank index` chunks by default; Python: "
+           "normrank.chunking.chunk_texts)"] if a.truncation.get("truncated") else []),
         f"calibrated g:  median {f['median']:+.3f}  5-95% {f['p05']:+.3f}..{f['p95']:+.3f}",
         f"Spearman with token count: raw norm {a.spearman_norm_length:+.3f}, "
         f"raw feature {a.spearman_raw_feature_length:+.3f}, calibrated feature {a.spearman_feature_length:+.3f}",
