@@ -26,23 +26,22 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
+from normrank.candidate_vectors import EXPLANATION_FIELDS, EXPLANATION_KEY, is_explanation
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
 from normrank.scoring import SCORE_KEYS, Hit
 from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
 logger = logging.getLogger(__name__)
 
-#: The one metadata key that holds a hit's explanation; reserved (a user's own value is never replaced).
-EXPLANATION_KEY = "normrank"
-
 __all__ = ["EXPLANATION_KEY", "NormRankRetriever", "SCORE_KEYS", "add_nodes", "check_reserved", "explain",
            "explanation", "hidden_keys", "is_explanation", "with_explanation"]
 
 
 def explain(hit: Hit) -> dict[str, float]:
-    """A hit's score and its parts: the value stored under :data:`EXPLANATION_KEY`."""
-    return {"score": hit.score, "cosine": hit.cosine, "norm_feature": hit.norm_feature, "weight": hit.weight,
-            "norm": hit.norm}
+    """A hit's score and its parts (``EXPLANATION_FIELDS``): the value stored under :data:`EXPLANATION_KEY`
+    (``"normrank"``, shared with the re-rankers through :mod:`normrank.candidate_vectors`)."""
+    values = (hit.score, hit.cosine, hit.norm_feature, hit.weight, hit.norm)
+    return {k: float(v) for k, v in zip(EXPLANATION_FIELDS, values, strict=True)}
 
 
 def explanation(hit: Hit) -> dict[str, float]:
@@ -64,24 +63,17 @@ def hidden_keys(node: BaseNode, keys: Sequence[str]) -> dict[str, list[str]]:
     }
 
 
-_EXPLANATION_FIELDS = frozenset({"score", "cosine", "norm_feature", "weight", "norm"})
-
-
-def is_explanation(value: Any) -> bool:
-    """Whether a metadata value is normrank's own explanation (from an earlier query), not user data."""
-    return isinstance(value, Mapping) and set(value) == _EXPLANATION_FIELDS
-
-
 def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
     """A copy of ``node`` whose metadata holds ``payload`` under :data:`EXPLANATION_KEY`, hidden from the LLM
-    and embed views. The caller's node is not changed.
+    and embed views. The caller's node is not changed; an earlier normrank explanation is replaced.
 
-    If the node's own metadata already uses the key (normrank refuses it at its own doors, but an index
-    filled elsewhere may hold it), the user's value is kept, the explanation is left out and a warning says so.
+    If the node's own metadata already uses the key for something else (normrank refuses that at its own
+    doors, but an index filled elsewhere may hold it), the user's value is kept, the explanation is left out
+    of that node and a warning is logged.
     """
     if EXPLANATION_KEY in node.metadata and not is_explanation(node.metadata[EXPLANATION_KEY]):
-        warnings.warn(f"node {node.node_id!r} has its own metadata key {EXPLANATION_KEY!r}: it is kept and "
-                      "normrank's score explanation is left out of this node", stacklevel=3)
+        logger.warning("node %r has its own metadata key %r: it is kept and normrank's score explanation is "
+                       "left out of this node", node.node_id, EXPLANATION_KEY)
         return node.model_copy()
     metadata = {**node.metadata, EXPLANATION_KEY: dict(payload)}
     return node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])})
