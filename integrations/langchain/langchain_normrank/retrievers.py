@@ -22,7 +22,14 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from langchain_normrank._shared import EXPLANATION_KEY, check_explanation_key, check_k, empty_error, to_document, warn_empty
+from langchain_normrank._shared import (
+    EXPLANATION_KEY,
+    check_explanation_key,
+    check_k,
+    empty_error,
+    to_document,
+    warn_empty,
+)
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.errors import InvalidArgumentError

@@ -169,6 +169,7 @@ class NormRankVectorStore(VectorStore):
         self.embedding: Embeddings = emb
         self.explanation_key = explanation_key
         self._count_tokens, self.token_counter_kind = resolve_token_counter(emb, token_counter)
+        logger.debug("token counts for %s: %s", type(emb).__name__, self.token_counter_kind)
         # Same encoder as the index: pass query texts straight to the index (one encoding, with counts).
         self._shared = isinstance(emb, NormRankEmbeddings) and emb.encoder is getattr(index, "_encoder", None)
         self._rw = ReadWriteLock()

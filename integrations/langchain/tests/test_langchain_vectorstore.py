@@ -421,6 +421,27 @@ def test_indexing_api_adds_nothing_twice_and_replaces_changed_documents(encoder)
     assert store.similarity_search("anything at all", k=5)[0].page_content.startswith("Honey")
 
 
+def test_indexing_api_over_pgvector(pg_dsn, pg_table):
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    idx = PgVectorNormIndex(pg_dsn, pg_table)
+    store = NormRankVectorStore(DeterministicFakeEmbedding(size=6), index=idx, allow_empty=True)
+    try:
+        rm = InMemoryRecordManager(namespace="normrank/pg")
+        rm.create_schema()
+        kw = {"cleanup": "incremental", "source_id_key": "source", "key_encoder": "sha256"}
+        assert index(_source_docs(), rm, store, **kw)["num_added"] == 3
+        again = index(_source_docs(), rm, store, **kw)
+        assert (again["num_added"], again["num_skipped"]) == (0, 3)
+        changed = index(_source_docs(1), rm, store, **kw)
+        assert (changed["num_added"], changed["num_deleted"], len(store)) == (1, 1, 3)
+        assert sorted(d.page_content for d in store.get_by_ids(idx.ids()))[-1].endswith("hottest planet.")
+        full = index(_source_docs(1)[:1], rm, store, cleanup="full", source_id_key="source", key_encoder="sha256")
+        assert (full["num_deleted"], len(store)) == (2, 1)
+    finally:
+        idx.close()
+
+
 async def test_async_indexing_api(encoder):
     store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))
     rm = InMemoryRecordManager(namespace="normrank/atest")
@@ -433,7 +454,8 @@ async def test_async_indexing_api(encoder):
 # ---------------------------------------------------------------- async
 async def test_async_variants_match_sync_and_keep_the_loop_free(encoder, corpus, demo_texts):
     store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), weights=WEIGHTS)
-    docs = [Document(page_content=t, metadata={"i": i}, id=d["_id"]) for i, (t, d) in enumerate(zip(demo_texts, corpus))]
+    docs = [Document(page_content=t, metadata={"i": i}, id=d["_id"])
+            for i, (t, d) in enumerate(zip(demo_texts, corpus))]
     beats = 0
     done = asyncio.Event()
 
