@@ -224,6 +224,41 @@ def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
     return out
 
 
+def _start_ray(quiet: bool) -> Any:
+    """Start (or join, with RAY_ADDRESS) Ray for ``index --ray``; returns the function that undoes it.
+
+    ``quiet`` (no -v) keeps Ray's start-up, scheduler and per-dataset log lines off the terminal (Ray
+    still writes them to its session logs); Ray's progress bars follow --no-progress.
+    """
+    from normrank.distributed import _ray, init_local_ray
+
+    ray = _ray()  # imports ray.data, which configures the "ray.data" logger
+    level = logging.ERROR if quiet else logging.INFO
+    started = False
+    if not ray.is_initialized():
+        address = os.environ.get("RAY_ADDRESS") or None
+        if address is None:
+            init_local_ray(logging_level=level)
+        else:
+            ray.init(address=address, log_to_driver=False, logging_level=level)
+        started = True
+    restore: list[tuple[logging.Handler, int]] = []
+    if quiet:
+        for name in ("ray", "ray.data"):
+            for handler in logging.getLogger(name).handlers:
+                if type(handler).__name__ != "SessionFileHandler":  # keep Ray's own log files complete
+                    restore.append((handler, handler.level))
+                    handler.setLevel(logging.ERROR)
+
+    def stop() -> None:
+        for handler, old in restore:
+            handler.setLevel(old)
+        if started:
+            ray.shutdown()
+
+    return stop
+
+
 def _check_out_folder(out: str | Path) -> None:
     """Refuse an ``--out`` that ``save`` would refuse, before any minute of encoding is spent on it.
 
@@ -257,8 +292,12 @@ def cmd_index(args: argparse.Namespace) -> int:
         if args.model:
             ray_config = load_config(args.config).model_copy(deep=True)
             ray_config.encoder.model = _model_arg(args.model)
-        index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
-                               show_progress=not args.no_progress)
+        stop = _start_ray(quiet=not args.verbose)
+        try:
+            index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
+                                   show_progress=not args.no_progress)
+        finally:
+            stop()
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
     _check_out_folder(args.out)  # before reading or encoding anything
@@ -648,11 +687,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    else:  # Ray's own start-up and worker logs are pages of noise on a command line
-        os.environ.setdefault("RAY_LOG_TO_STDERR", "0")
-        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-        os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1" if getattr(args, "no_progress", False) else "0")
-        logging.getLogger("ray").setLevel(logging.ERROR)
     progress = _progress_lines(args)
     try:
         return int(args.func(args) or 0)

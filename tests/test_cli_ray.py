@@ -1,0 +1,26 @@
+"""`normrank index --ray` keeps Ray's log lines off the terminal unless -v."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from normrank.cli import main
+from normrank.store import NormIndex
+
+pytest.importorskip("ray.data", reason="distributed encoding needs Ray Data: pip install 'normrank[ray]'")
+
+
+def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder):
+    src = tmp_path / "d.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"passage {i} about stars and cells"}) + "\n"
+                           for i in range(12)), encoding="utf-8")
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--ray", "--ray-actors", "1",
+                 "--no-progress"]) == 0
+    captured = capfd.readouterr()
+    assert captured.out.startswith("indexed 12 documents with Ray into")
+    for noise in ("Started a local Ray instance", "Starting execution of Dataset", "Execution plan of Dataset",
+                  "execution finished", "Data sink Parquet finished", " INFO "):
+        assert noise not in captured.err, captured.err
+    assert len(NormIndex.load(tmp_path / "idx")) == 12
