@@ -552,3 +552,18 @@ def test_fitting_does_not_import_the_store():
             "assert '\\nfrom normrank.fitting' not in src and '\\nimport normrank.fitting' not in src")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]
+
+
+@pytest.mark.parametrize(("yaml_text", "message"), [
+    ("store:\n  ef_search: 2000000000\n", r"'store.ef_search': Value error, ef_search must be in \[1, 65536\]"),
+    ("store:\n  ef_search: 2.0e+9\n", r"'store.ef_search': Value error, ef_search must be in \[1, 65536\]"),
+    ("fit:\n  folds: 100000\n", r"'fit.folds': Value error, folds must be in \[2, 1000\]"),
+    ("store:\n  nprobe: 99999999\n", r"'store.nprobe': Value error, nprobe must be in \[1, 1048576\]"),
+])
+def test_yaml_options_use_the_same_range_table(tmp_path, yaml_text, message):
+    from normrank import ConfigError, load_config
+
+    cfg = tmp_path / "normrank.yaml"
+    cfg.write_text(yaml_text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(cfg)
