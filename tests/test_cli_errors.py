@@ -127,3 +127,15 @@ def test_a_missing_extra_names_the_pip_command(tmp_path, capsys, monkeypatch, en
     assert main(["eval", str(root), "--folds", "2", "--no-progress"]) == 1
     line = _one_error_line(capsys, "eval")
     assert 'pip install "normrank[eval]"' in line or "pip install 'normrank[eval]'" in line, line
+
+
+def test_an_os_error_on_an_output_file_is_one_line(tmp_path, capsys, encoder):
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-progress"]) == 0
+    capsys.readouterr()
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "no-such-folder" / "plot.png"
+    assert main(["analyze", str(tmp_path / "idx"), "--plot", str(png)]) == 1
+    line = _one_error_line(capsys, "analyze")
+    assert "No such file or directory" in line and "plot.png" in line

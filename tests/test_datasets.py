@@ -65,3 +65,40 @@ def test_shared_collections_load(data_dir):
     assert len(load_beir(data_dir / "scifact", "train").qrels) == 809
     ids, texts, skipped = load_beir(data_dir / "cranfield").doc_items()
     assert skipped == ["471", "995"] and len(ids) == len(texts) == 1398
+
+
+def test_every_broken_line_is_named_with_file_and_line(tmp_path):
+    from normrank.datasets import read_jsonl, read_queries
+
+    root = _write_beir(tmp_path / "e")
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n\n{"_id": "d1", "text": "b"}\n')
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl:3 repeats document id 'd1' \(first on line 1\)"):
+        load_beir(root)
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n3.5\n')
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl:2 is a number, not a JSON object"):
+        read_jsonl(root / "corpus.jsonl")
+    (root / "corpus.jsonl").write_text('{"_id": "d1", "text": "a"}\n{"_id": null, "text": "b"}\n')
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl:2 has no usable '_id'"):
+        load_beir(root)
+    (root / "queries.jsonl").write_bytes(b'{"_id": "q1", "text": "ok"}\n{"_id": "q2", "text": "caf\xe9"}\n')
+    with pytest.raises(DatasetError, match=r"queries\.jsonl:2 is not UTF-8 text"):
+        read_queries(root / "queries.jsonl")
+    (root / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n{"_id": "q1", "text": "b"}\n')
+    with pytest.raises(DatasetError, match=r"queries\.jsonl:2 repeats query id 'q1'"):
+        read_queries(root / "queries.jsonl")
+    with pytest.raises(DatasetError, match="no such file"):
+        read_jsonl(root / "missing.jsonl")
+
+
+def test_a_truncated_gzip_is_a_dataset_error(tmp_path):
+    from normrank.datasets import read_jsonl
+
+    data = gzip.compress(b"".join(json.dumps({"_id": str(i), "text": "x" * 50}).encode() + b"\n"
+                                  for i in range(500)))
+    path = tmp_path / "corpus.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl\.gz is a truncated or corrupt gzip file"):
+        read_jsonl(path)
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(DatasetError, match="truncated or corrupt gzip"):
+        read_jsonl(path)
