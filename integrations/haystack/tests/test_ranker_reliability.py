@@ -1,0 +1,276 @@
+"""``NormRankRanker`` under adversarial use (issue 10 items 3, 7, 8, 16, 17; issue 14 item 6).
+
+Real Haystack classes (Document, Pipeline and its run_async) and the real bundled model; model
+calls are counted with a spy on the real model's ``encode`` (the real encoding still runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+pytest.importorskip("haystack", reason="needs haystack-ai: pip install normrank-haystack")
+
+from haystack import Document, Pipeline  # noqa: E402
+
+from haystack_integrations.components.rankers.normrank import NormRankRanker  # noqa: E402
+from normrank import InvalidArgumentError, NormIndex, Weights  # noqa: E402
+from normrank.datasets import demo_rows  # noqa: E402
+from normrank.pooling import PooledEncoder  # noqa: E402
+
+USER_META = {"weight": "12 kg", "norm": "ISO 9001", "cosine": "trig", "relevance_score": "high",
+             "retrieval_score": "n/a"}
+
+
+@pytest.fixture
+def model_calls(encoder, monkeypatch):
+    """A spy on the real model: counts the calls and texts it runs on (the real ``encode`` still runs)."""
+    model = encoder.model
+    real = model.encode
+    lock = threading.Lock()
+
+    class Calls:
+        calls = 0
+        texts = 0
+
+    def spy(sentences, *args, **kwargs):
+        with lock:
+            Calls.calls += 1
+            Calls.texts += 1 if isinstance(sentences, str) else len(sentences)
+        return real(sentences, *args, **kwargs)
+
+    monkeypatch.setattr(model, "encode", spy)
+    return Calls
+
+
+@pytest.fixture(scope="module")
+def ids() -> list[str]:
+    return [d["_id"] for d in demo_rows("demo_corpus.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def queries() -> list[str]:
+    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
+
+
+@pytest.fixture(scope="module")
+def index(encoder, ids, demo_texts, demo_encoded, queries) -> NormIndex:
+    idx = NormIndex(encoder, weights=Weights(a=0.03, b=0.02))
+    idx.add_vectors(*demo_encoded, ids=ids, texts=demo_texts)
+    idx.calibrate_queries(queries)
+    return idx
+
+
+def _docs(ids, texts, meta=None, score=None, embeddings=None) -> list[Document]:
+    return [Document(id=i, content=t, meta=dict(meta or {}), score=score,
+                     embedding=None if embeddings is None else [float(x) for x in embeddings[j]])
+            for j, (i, t) in enumerate(zip(ids, texts))]
+
+
+def _ranked(docs: list[Document]) -> list[tuple[str, float | None]]:
+    return [(d.id, d.score) for d in docs]
+
+
+def _same(got: list[tuple[str, float | None]], want: list[tuple[str, float | None]]) -> None:
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+
+
+# ---------------------------------------------------------------- issue 10 item 7
+def test_user_meta_keys_kept(encoder, ids, demo_texts):
+    ranker = NormRankRanker(top_k=4, weights={"a": 0.03}, encoder=encoder)
+    out = ranker.run(query="stars", documents=_docs(ids[:8], demo_texts[:8], USER_META, score=2.5))["documents"]
+    assert len(out) == 4
+    for d in out:
+        assert {k: d.meta[k] for k in USER_META} == USER_META
+        m = d.meta["normrank"]
+        assert m["score"] == pytest.approx(d.score) and m["retrieval_score"] == 2.5
+        assert d.score == pytest.approx(m["cosine"] + 0.03 * m["norm_feature"], abs=1e-6)
+
+
+def test_a_users_own_normrank_key_is_kept(encoder, ids, demo_texts, caplog):
+    ranker = NormRankRanker(top_k=2, encoder=encoder)
+    with caplog.at_level(logging.WARNING):
+        out = ranker.run(query="stars", documents=_docs(ids[:3], demo_texts[:3], {"normrank": 7}))["documents"]
+    assert [d.meta["normrank"] for d in out] == [7, 7] and all(d.score is not None for d in out)
+    assert "own metadata key 'normrank'" in caplog.text
+
+
+# ---------------------------------------------------------------- issue 10 item 8
+def test_a_crafted_embedding_does_not_outlive_its_call(encoder, ids, demo_texts, demo_encoded):
+    q = "How do vaccines work?"
+    docs = _docs(ids[:6], demo_texts[:6])
+    honest = _ranked(NormRankRanker(top_k=6, cache_size=0, encoder=encoder).run(query=q, documents=docs)["documents"])
+    ranker = NormRankRanker(top_k=6, encoder=encoder)
+    crafted = demo_encoded[0][:6].copy()
+    crafted[0] = encoder.encode([q])[0] * 3.0  # raw (not unit), aligned with the query: cosine 1
+    first = ranker.run(query=q, documents=_docs(ids[:6], demo_texts[:6], embeddings=crafted))["documents"]
+    assert first[0].id == ids[0] and first[0].score > max(s for _, s in honest) + 0.3  # used for that call
+    _same(_ranked(ranker.run(query=q, documents=docs)["documents"]), honest)
+
+
+# ---------------------------------------------------------------- issue 10 item 16
+def test_every_encoder_setting_round_trips_through_pipeline_dumps(encoder, ids, demo_texts):
+    pooled = PooledEncoder(pooling="norm", batch_size=16, max_seq_length=128, sif_a=2e-3, show_progress=False)
+    ranker = NormRankRanker(top_k=5, weights={"a": 0.02}, encoder=pooled)
+    pipe = Pipeline()
+    pipe.add_component("rerank", ranker)
+    loaded = Pipeline.loads(pipe.dumps()).get_component("rerank")
+    assert loaded.to_dict() == ranker.to_dict()
+    params = loaded.to_dict()["init_parameters"]
+    assert (params["pooling"], params["sif_a"], params["batch_size"], params["max_seq_length"]) == (
+        "norm", 2e-3, 16, 128)
+    loaded.warm_up()
+    assert loaded.encoder.describe() == {**pooled.describe(), "model": loaded.encoder.model_name}
+    q = "What does mitochondrial DNA encode?"
+    want = _ranked(ranker.run(query=q, documents=_docs(ids[:10], demo_texts[:10]))["documents"])
+    _same(_ranked(loaded.run(query=q, documents=_docs(ids[:10], demo_texts[:10]))["documents"]), want)
+    mean = _ranked(NormRankRanker(top_k=5, weights={"a": 0.02}, encoder=encoder).run(
+        query=q, documents=_docs(ids[:10], demo_texts[:10]))["documents"])
+    assert [s for _, s in mean] != pytest.approx([s for _, s in want], abs=1e-4)  # pooling matters
+
+
+def test_old_type_name_and_import_path_still_load(encoder):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import importlib
+
+        import haystack_normrank
+
+        importlib.reload(haystack_normrank)
+    assert any(issubclass(w.category, DeprecationWarning) for w in caught)
+    assert haystack_normrank.NormRankRanker is NormRankRanker
+    pipe = Pipeline()
+    pipe.add_component("rerank", NormRankRanker(top_k=2, weights={"a": 0.01}, pooling="norm", encoder=None))
+    old = pipe.dumps().replace("haystack_integrations.components.rankers.normrank.ranker.NormRankRanker",
+                               "haystack_normrank.ranker.NormRankRanker")
+    assert "type: haystack_normrank.ranker.NormRankRanker" in old
+    ranker = Pipeline.loads(old).get_component("rerank")
+    assert isinstance(ranker, NormRankRanker)
+    assert (ranker.top_k, ranker.weights, ranker.pooling) == (2, Weights(a=0.01), "norm")
+    assert ranker.to_dict()["type"] == "haystack_integrations.components.rankers.normrank.ranker.NormRankRanker"
+
+
+# ---------------------------------------------------------------- issue 10 item 17
+def test_bad_weights_are_named_errors():
+    with pytest.raises(InvalidArgumentError, match=r"unknown weights keys \['alpha'\].*allowed keys"):
+        NormRankRanker(weights={"alpha": 0.02})
+    with pytest.raises(InvalidArgumentError, match="invalid weights"):
+        NormRankRanker(weights={"a": "lots"})
+    with pytest.raises(InvalidArgumentError, match="unknown pooling"):
+        NormRankRanker(pooling="max")
+
+
+def test_documents_without_text_pass_through_last(encoder, ids, demo_texts, caplog):
+    ranker = NormRankRanker(top_k=10, weights={"a": 0.03}, encoder=encoder)
+    q = "What does mitochondrial DNA encode?"
+    full = _docs(ids[:5], demo_texts[:5], score=1.0)
+    empty, nothing = Document(id="empty", content="", score=3.0), Document(id="none", content=None, meta={"k": 1})
+    with caplog.at_level(logging.WARNING):
+        out = ranker.run(query=q, documents=[empty, *full[:2], nothing, *full[2:]])["documents"]
+    _same(_ranked(out)[:5], _ranked(ranker.run(query=q, documents=full)["documents"]))
+    assert _ranked(out)[5:] == [("empty", None), ("none", None)]
+    assert out[5].meta["normrank"]["retrieval_score"] == 3.0 and out[6].meta["k"] == 1
+    assert "2 of 7 documents have no text" in caplog.text
+    assert _ranked(ranker.run(query=q, documents=[empty])["documents"]) == [("empty", None)]
+
+
+# ---------------------------------------------------------------- issue 10 item 3
+def test_concurrent_runs_equal_single_threaded(encoder, ids, demo_texts, queries):
+    """8 threads plus run_async tasks share one ranker and one encoder (tiny cache: constant eviction).
+
+    Half the calls pass a raw ``query_embedding`` (tokenizer only), half encode the query.
+    """
+    qvecs = encoder.encode(queries)
+    jobs = [(i % len(queries), [(i * 5 + j) % len(ids) for j in range(3)], i % 2 == 0) for i in range(40)]
+
+    def call(ranker: NormRankRanker, job) -> dict:
+        qi, rows, raw = job
+        return {"query": queries[qi], "documents": _docs([ids[r] for r in rows], [demo_texts[r] for r in rows]),
+                "query_embedding": qvecs[qi].tolist() if raw else None}
+
+    alone = NormRankRanker(top_k=3, weights={"a": 0.03}, encoder=encoder)
+    alone.run(query=queries[0], documents=_docs(ids, demo_texts))  # encodes every document once
+    expected = [_ranked(alone.run(**call(alone, job))["documents"]) for job in jobs]
+    ranker = NormRankRanker(top_k=3, weights={"a": 0.03}, cache_size=6, encoder=encoder)
+    got: dict[int, list] = {}
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        try:
+            for j in range(worker, len(jobs), 8):
+                got[j] = _ranked(ranker.run(**call(ranker, jobs[j]))["documents"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+
+    async def tasks() -> list:
+        return await asyncio.gather(*(ranker.run_async(**call(ranker, job)) for job in jobs[:8]))
+
+    from_async = [_ranked(r["documents"]) for r in asyncio.run(tasks())]
+    for t in threads:
+        t.join()
+    assert errors == []
+    for j, want in enumerate(expected):
+        _same(got[j], want)
+    for j, out in enumerate(from_async):
+        _same(out, expected[j])
+
+
+async def test_pipeline_run_async_matches_run(encoder, ids, demo_texts):
+    """Pipeline.run_async drives the component's run_async (AsyncPipeline on older Haystack)."""
+    q = "How long do massive stars live?"
+    pipe = Pipeline()
+    pipe.add_component("rerank", NormRankRanker(top_k=3, weights={"a": 0.03}, encoder=encoder))
+    data = {"rerank": {"query": q, "documents": _docs(ids, demo_texts)}}
+    want = _ranked(pipe.run(data)["rerank"]["documents"])
+    runner = pipe.run_async if hasattr(pipe, "run_async") else None
+    if runner is None:  # pragma: no cover - Haystack 2.x
+        from haystack import AsyncPipeline
+
+        apipe = AsyncPipeline()
+        apipe.add_component("rerank", NormRankRanker(top_k=3, weights={"a": 0.03}, encoder=encoder))
+        runner = apipe.run_async
+    _same(_ranked((await runner(data))["rerank"]["documents"]), want)
+
+
+# ---------------------------------------------------------------- issue 14 item 6
+def test_raw_query_embedding_reused_unit_one_not(encoder, ids, demo_texts, model_calls):
+    q = "What does mitochondrial DNA encode?"
+    qv = encoder.encode([q])[0]
+    ranker = NormRankRanker(top_k=5, weights={"a": 0.03}, encoder=encoder)
+    docs = _docs(ids[:8], demo_texts[:8])
+    want = _ranked(ranker.run(query=q, documents=docs)["documents"])  # cold: 8 documents + the query
+    before = model_calls.texts
+    warm = _ranked(ranker.run(query=q, documents=docs, query_embedding=qv.tolist())["documents"])
+    assert model_calls.texts == before  # a warm re-rank with the embedder's raw vector: no model call
+    _same(warm, want)
+    unit = (qv / np.linalg.norm(qv)).tolist()  # what a stock (normalising) embedder gives: re-encoded
+    _same(_ranked(ranker.run(query=q, documents=docs, query_embedding=unit)["documents"]), want)
+    assert model_calls.texts == before + 1
+    short = qv[:100].tolist()  # another model's dimension: re-encoded
+    ranker.run(query=q, documents=docs, query_embedding=short)
+    assert model_calls.texts == before + 2
+
+
+def test_from_index_reuses_stored_vectors(index, ids, demo_texts, encoder, model_calls):
+    q = "When was the Peace of Westphalia signed?"
+    qv = encoder.encode([q])[0]
+    want = {h.id: h.score for h in index.search(q, 10)}
+    ranker = NormRankRanker.from_index(index, top_k=10, cache_size=0)
+    docs = [Document(id=h.id, content=h.text, meta=h.metadata) for h in index.search(q, 10)]
+    before = model_calls.texts
+    out = ranker.run(query=q, documents=docs, query_embedding=qv.tolist())["documents"]
+    assert model_calls.texts == before  # cold, yet nothing encoded: the index's vectors were used
+    assert {d.id: d.score for d in out} == pytest.approx(want, abs=2e-5)
+    edited = [Document(id=ids[0], content="An edited text about comets."), *docs[:3]]
+    ranker.run(query=q, documents=edited, query_embedding=qv.tolist())
+    assert model_calls.texts == before + 1  # same id, other text: encoded, not the stored vector
