@@ -35,6 +35,18 @@ def check_k(k: Any, name: str = "k") -> int:
     return check_option(name, k)
 
 
+def check_index_kwargs(index_class: type, kwargs: Mapping[str, Any]) -> None:
+    """A named error for a setting the index does not take (instead of Python's TypeError)."""
+    import inspect
+
+    params = inspect.signature(index_class.__init__).parameters
+    allowed = sorted(n for n, p in params.items() if n != "self" and p.kind is not p.VAR_KEYWORD)
+    unknown = sorted(set(kwargs) - set(allowed))
+    if unknown:
+        raise InvalidArgumentError(f"unknown setting(s) {unknown} for a new {index_class.__name__}; "
+                                   f"it takes: {', '.join(allowed)}")
+
+
 def to_document(hit: Hit, explanation_key: str | None) -> Document:
     """A new ``Document`` for a hit: its stored metadata, plus ``metadata[explanation_key]`` =
     ``{"score", "cosine", "norm", "norm_feature", "weight"}`` when a key is given.

@@ -25,6 +25,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 from langchain_normrank._shared import (
     EXPLANATION_KEY,
     check_explanation_key,
+    check_index_kwargs,
     check_k,
     empty_error,
     to_document,
@@ -121,6 +122,7 @@ class NormRankRetriever(BaseRetriever):
         metas = list(metadatas) if metadatas is not None else None
         if metas is not None:
             check_explanation_key(metas, EXPLANATION_KEY)
+        check_index_kwargs(NormIndex, index_kwargs)
         index = NormIndex.from_texts(texts, ids=ids, metadatas=metas, encoder=encoder, **index_kwargs)
         return cls(index=index, k=k, filter=filter)
 
@@ -136,6 +138,7 @@ class NormRankRetriever(BaseRetriever):
         **index_kwargs: Any,
     ) -> NormRankRetriever:
         """Index LangChain documents, keeping their ids (new ones where ``Document.id`` is unset)."""
+        check_index_kwargs(NormIndex, index_kwargs)
         index = NormIndex(_encoder_from(embedding, encoder, "from_documents"), **index_kwargs)
         add_documents(index, documents)
         return cls(index=index, k=k, filter=filter)

@@ -48,6 +48,7 @@ from langchain_normrank._shared import (
     TokenCounter,
     approximate_token_counts,
     check_explanation_key,
+    check_index_kwargs,
     check_k,
     empty_error,
     resolve_token_counter,
@@ -155,6 +156,7 @@ class NormRankVectorStore(VectorStore):
             if emb is None:
                 emb = NormRankEmbeddings()
                 encoder = emb.encoder
+            check_index_kwargs(NormIndex, index_kwargs)
             index = NormIndex(encoder, **index_kwargs)
         else:
             if index_kwargs:
@@ -523,6 +525,7 @@ class NormRankVectorStore(VectorStore):
             if emb is None:
                 emb = NormRankEmbeddings()
             encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
+            check_index_kwargs(PgVectorNormIndex, index_kwargs)
             index = PgVectorNormIndex(dsn, table, encoder, **index_kwargs)
             index_kwargs = {}
         elif dsn is not None:

@@ -242,6 +242,10 @@ def test_add_documents_upserts_and_keeps_the_caller_documents(encoder):
         store.delete()
     with pytest.raises(InvalidIdError):
         store.add_texts(["text"], ids=[7])
+    with pytest.raises(InvalidArgumentError, match="unknown setting.*'wieghts'.*weights"):
+        NormRankVectorStore(NormRankEmbeddings(encoder=encoder), wieghts=Weights(a=0.1))
+    with pytest.raises(InvalidArgumentError, match="existing index"):
+        NormRankVectorStore(index=store.index, weights=Weights(a=0.1))
     assert store.add_texts([]) == []
 
 
