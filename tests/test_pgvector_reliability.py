@@ -182,7 +182,7 @@ def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table, index_
     for t in threads:
         t.start()
     try:
-        for flip in range(16):
+        for flip in range(16 if index_type == "flat" else 6):  # an HNSW flip also rebuilds the graph
             writer.set_weights(w_after if flip % 2 == 0 else w_before)
             if flip % 4 == 3:
                 writer.recalibrate()  # same rows, same calibration: the answer stays the current one
@@ -191,7 +191,7 @@ def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table, index_
         for t in threads:
             t.join()
     assert not errors, errors
-    assert len(seen) >= 40
+    assert len(seen) >= 20
     mixed = [(qi, got) for qi, got in seen if got not in (ref_before[qi], ref_after[qi])]
     assert not mixed, f"{len(mixed)} of {len(seen)} searches mixed two states, e.g. {mixed[0]}"
     kinds = {got == ref_after[qi] for qi, got in seen}
