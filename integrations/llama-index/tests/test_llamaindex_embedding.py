@@ -34,6 +34,7 @@ def embed(encoder) -> NormRankEmbedding:
 
 
 # ---------------------------------------------------------------- async off the loop
+@pytest.mark.asyncio
 async def test_async_embedding_keeps_the_event_loop_running(embed, encoder, monkeypatch):
     """A ticking coroutine advances while the encoder is busy: the encoding runs in a worker thread.
     (Run on the loop, the encoder would hold it for the whole call and the ticker could not tick.)"""
@@ -139,6 +140,7 @@ def test_retriever_on_an_empty_index_warns_and_refuses_unless_allowed(encoder):
     assert allowed.retrieve("anything") == []
 
 
+@pytest.mark.asyncio
 async def test_retriever_on_an_empty_config_index_fails_loudly(tmp_path):
     with pytest.warns(UserWarning, match="store.path"):
         retriever = NormRankRetriever.from_config({"store": {"path": str(tmp_path / "nothing-here")}})

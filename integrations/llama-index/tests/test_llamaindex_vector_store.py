@@ -145,6 +145,7 @@ def test_query_engine_and_chat_engine_sync(built, reference):
     assert all("normrank" not in n.node.get_content(metadata_mode=MetadataMode.LLM) for n in response.source_nodes)
 
 
+@pytest.mark.asyncio
 async def test_query_engine_and_chat_engine_async(built, reference):
     _, index = built
     q = QUERIES[1]
@@ -156,6 +157,7 @@ async def test_query_engine_and_chat_engine_async(built, reference):
     _same_as_reference((await chat.achat(q)).source_nodes, hits)
 
 
+@pytest.mark.asyncio
 async def test_concurrent_async_queries_give_the_sequential_answers(built, embed):
     store, _ = built
     queries = [VectorStoreQuery(query_embedding=embed.get_query_embedding(q), query_str=q, similarity_top_k=5)
@@ -403,6 +405,7 @@ def test_delete_by_document_delete_nodes_and_clear(store, docs):
         store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3))
 
 
+@pytest.mark.asyncio
 async def test_async_variants(store, docs, embed):
     q = VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=4)
     assert (await store.aquery(q)).ids == store.query(q).ids

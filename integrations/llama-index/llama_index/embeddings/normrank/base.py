@@ -155,13 +155,14 @@ _STACK_DEPTH = 40
 def raw_metric_warning(store: str) -> str:
     """What a store does with raw vectors, and what to use instead."""
     if store == "SimpleVectorStore":
-        how = ("ranks NormRankEmbedding's raw vectors by plain cosine: normrank's norm term is not applied")
-    else:
-        how = (f"ranks NormRankEmbedding's raw (un-normalised) vectors by its own metric; with an inner-product "
-               "or L2 index (FaissVectorStore's IndexFlatIP / IndexFlatL2, ...) that is the raw dot product or raw "
-               "L2 distance, which is neither cosine nor normrank's blend")
-    return (f"{store} {how}. Use llama_index.vector_stores.normrank.NormRankVectorStore for the exact blended "
-            "first stage, or add llama_index.postprocessor.normrank.NormRankPostprocessor after this store.")
+        return (f"{store} ranks NormRankEmbedding's raw vectors by plain cosine: its first stage applies no norm "
+                "term (fine as candidates for llama_index.postprocessor.normrank.NormRankPostprocessor). For the "
+                "exact blended first stage use llama_index.vector_stores.normrank.NormRankVectorStore.")
+    return (f"{store} ranks NormRankEmbedding's raw (un-normalised) vectors by its own metric; with an "
+            "inner-product or L2 index (FaissVectorStore's IndexFlatIP / IndexFlatL2, ...) that is the raw dot "
+            "product or raw L2 distance, which is neither cosine nor normrank's blend, so even a re-ranker after "
+            "it sees candidates chosen by vector length. Use llama_index.vector_stores.normrank.NormRankVectorStore, "
+            "or a normalised embedding model with this store and NormRankPostprocessor after it.")
 
 
 def _calling_store() -> Any:

@@ -484,21 +484,29 @@ class NormRankVectorStore(BasePydanticVectorStore):
         text = query.query_str
         if query.query_embedding is None and (not isinstance(text, str) or not text.strip()):
             raise InvalidArgumentError("the query has neither a query_embedding nor a query_str to search by")
-        n = len(self._index)
-        if n == 0:
-            if self.allow_empty:
-                return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
-            raise EmptyCorpusError(empty_message("this NormRankVectorStore"))
-        k = min(int(k), n)
+        if len(self._index) == 0:  # before any encoding; checked again under the lock below
+            return self._empty()
+        # Encode before taking the lock (the slow part); then count and search one state, so a concurrent
+        # delete through this store cannot leave k larger than what is stored.
+        encoder = self._index.encoder
+        has_text = isinstance(text, str) and bool(text.strip())
         if query.query_embedding is not None:
             vector = np.asarray(query.query_embedding, dtype=np.float32)
-            count = None
-            if isinstance(text, str) and text.strip():
-                count = int(self._index.encoder.token_counts([text])[0])
-            hits = self._index.search(vector, k, filter=predicate, query_token_count=count)
+            count = int(encoder.token_counts([text])[0]) if has_text else None
         else:
-            hits = self._index.search(text, k, filter=predicate)
+            vecs, counts = encoder.encode_with_counts([text])
+            vector, count = vecs[0], int(counts[0])
+        with self._lock:
+            n = len(self._index)
+            if n == 0:
+                return self._empty()
+            hits = self._index.search(vector, min(int(k), n), filter=predicate, query_token_count=count)
         return _result(hits)
+
+    def _empty(self) -> VectorStoreQueryResult:
+        if self.allow_empty:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+        raise EmptyCorpusError(empty_message("this NormRankVectorStore"))
 
     async def aquery(self, query: VectorStoreQuery, **kwargs: Any) -> VectorStoreQueryResult:
         """:meth:`query` in a worker thread, so the event loop keeps running."""
