@@ -350,6 +350,38 @@ def test_bad_input_is_refused_before_embedding_and_changes_nothing(bad):
     assert emb.calls == calls and store.index.ids() == ["1", "2"]
 
 
+class RawEmbeddings(Embeddings):
+    """The real model's raw vectors through a plain LangChain ``Embeddings`` (not normrank's class)."""
+
+    def __init__(self, encoder) -> None:
+        self.encoder = encoder
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.encoder.encode(texts).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.encoder.encode([text])[0].tolist()
+
+
+def test_external_embeddings_with_query_conditioned_weights_match_the_index(encoder, corpus, demo_texts,
+                                                                            demo_encoded, queries):
+    """b != 0 needs the query's norm and token count: the embeddings + token_counter path gives the index's
+    own text-query answer."""
+    vecs, counts = demo_encoded
+    idx = NormIndex(encoder, weights=Weights(a=0.02, b=0.03))
+    idx.add_vectors(vecs, counts, ids=[d["_id"] for d in corpus], texts=demo_texts)
+    idx.calibrate_queries(queries)
+    store = NormRankVectorStore(RawEmbeddings(encoder), index=idx,
+                                token_counter=lambda ts: encoder.token_counts(ts).tolist())
+    assert not store._shared and store.token_counter_kind == "given"
+    for q in queries[:2]:
+        hits = idx.search(q, 5)
+        pairs = store.similarity_search_with_score(q, k=5)
+        assert [d.id for d, _ in pairs] == [h.id for h in hits]
+        assert [s for _, s in pairs] == pytest.approx([h.score for h in hits], abs=1e-5)
+        assert len({d.metadata["normrank"]["weight"] for d, _ in pairs}) == 1  # one w(q) per query
+
+
 def test_external_embeddings_use_a_documented_token_count():
     assert approximate_token_counts(["Hello, world!", "one"]) == [6, 3]
     store = NormRankVectorStore(DeterministicFakeEmbedding(size=8))
@@ -543,6 +575,41 @@ def test_an_empty_store_from_a_wrong_path_warns_and_raises(tmp_path, encoder):
         NormRankVectorStore(index=NormIndex(encoder))
     filled = NormRankVectorStore.from_config(config, documents=[Document(page_content="Tides follow the Moon.")])
     assert filled.similarity_search("What causes tides?", k=1)[0].page_content == "Tides follow the Moon."
+
+
+def test_from_config_on_pgvector(pg_dsn, pg_table, encoder):
+    config = {"store": {"backend": "pgvector", "dsn": pg_dsn, "table": pg_table}, "langchain": {"k": 1}}
+    with pytest.warns(UserWarning, match=pg_table):
+        empty = NormRankVectorStore.from_config(config)
+    with pytest.raises(EmptyCorpusError, match=pg_table):
+        empty.similarity_search("tides")
+    empty.index.close()
+    docs = [Document(page_content="Tides follow the Moon.", id="tide"),
+            Document(page_content="Volcanoes erupt molten rock.", id="lava")]
+    store = NormRankVectorStore.from_config(config, documents=docs)
+    try:
+        assert _ids(store.as_retriever().invoke("What causes tides?")) == ["tide"]
+        again = NormRankVectorStore.from_config(config)  # another process would see the same table
+        assert _ids(again.similarity_search("molten rock", k=2)) == ["lava", "tide"]
+        again.index.close()
+    finally:
+        store.index.close()
+
+
+async def test_concurrent_async_calls_give_the_sequential_answers():
+    store = NormRankVectorStore(DeterministicFakeEmbedding(size=6))
+    texts = [f"text number {i}" for i in range(12)]
+    await store.aadd_texts(texts, ids=[str(i) for i in range(12)])
+    qs = [f"query {i}" for i in range(10)]
+    expected = [_ids(store.similarity_search(q, k=5)) for q in qs]
+    results = await asyncio.gather(
+        *(store.asimilarity_search(q, k=5) for q in qs),
+        *(store.aadd_texts(texts[:6], ids=[str(i) for i in range(6)]) for _ in range(3)),
+        *(store.amax_marginal_relevance_search(q, k=3, lambda_mult=1.0) for q in qs),
+    )
+    assert [_ids(r) for r in results[:10]] == expected
+    assert [_ids(r) for r in results[13:]] == [e[:3] for e in expected]
+    assert len(store) == 12
 
 
 def test_pgvector_store_has_nothing_to_save_locally(pg_dsn, pg_table, tmp_path):
