@@ -443,3 +443,25 @@ def test_vectors_mirror_normindex(pg_dsn, table):
     np.testing.assert_allclose(pg.vectors(["v3"]), vec, rtol=1e-6, atol=1e-7)
     assert pg.get(["v3"])[0].norm == pytest.approx(rec.norm, rel=1e-6)
     pg.close()
+
+
+def test_table_dropped_by_another_handle_reads_as_empty(pg_dsn, table):
+    """Another process drops the table: this handle's next calls see an empty index (not UndefinedTable),
+    and its next add creates the table again, which the other handle then follows."""
+    from normrank.errors import EmptyCorpusError
+
+    vecs, counts = synthetic(50, 16, seed=12)
+    a = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.02))
+    b = PgVectorNormIndex(pg_dsn, table)
+    a.add_vectors(vecs[:40], counts[:40], ids=[f"g{i}" for i in range(40)])
+    assert len(b) == 40 and b.search(vecs[0], 1)[0].id == "g0"
+    a.drop()
+    assert len(b) == 0 and b.ids() == [] and "g0" not in b
+    with pytest.raises(EmptyCorpusError):
+        b.search(vecs[0], 1)
+    with pytest.raises(UnknownIdError):
+        b.get(["g0"])
+    b.add_vectors(vecs[40:], counts[40:], ids=[f"h{i}" for i in range(10)])
+    assert len(a) == 10 and a.search(vecs[45], 1)[0].id == "h5"
+    a.close()
+    b.close()
