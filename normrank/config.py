@@ -97,6 +97,15 @@ class FitConfig(_Section):
     modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"])
 
 
+class ChunkingConfig(_Section):
+    enabled: bool = Field(True, description="Split long documents into chunks when indexing (normrank.chunking).")
+    size: int | None = Field(None, gt=0, description="Tokens per chunk (the encoder's own tokenizer, special tokens "
+                             "excluded); null = the model's window minus its special tokens (254 for MiniLM).")
+    overlap: int | None = Field(None, ge=0, description="Tokens shared by consecutive chunks; null = 15% of size.")
+    rows: bool = Field(False, description="Also chunk rows of a BEIR folder or .jsonl file (their ids become "
+                       "id#n, which qrels do not name); folders of .txt/.md files are always chunked when enabled.")
+
+
 Calibration = Literal["auto", "index", "candidates"]
 _CALIBRATION_HELP = (
     "Document calibration of the re-rankers: 'index' takes it (and the query calibration) from the saved "
@@ -131,6 +140,7 @@ class NormRankConfig(_Section):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     fit: FitConfig = Field(default_factory=FitConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     langchain: LangChainConfig = Field(default_factory=LangChainConfig)
     llamaindex: LlamaIndexConfig = Field(default_factory=LlamaIndexConfig)
     haystack: HaystackConfig = Field(default_factory=HaystackConfig)
