@@ -159,69 +159,8 @@ def _demo_query(index: Any, query: str, vector: np.ndarray, count: int, k: int, 
 
 
 # ------------------------------------------------------------------ index
-_TEXT_SUFFIXES = (".txt", ".md")
-
-
-def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], list[str]]:
-    """(ids, texts, metadatas, skipped ids) from a BEIR folder, a .jsonl[.gz] file or a folder of .txt/.md.
-
-    Raises
-    ------
-    DatasetError
-        The source does not exist, is of none of these kinds, or a row has no text field.
-    """
-    from normrank.datasets import read_jsonl
-    from normrank.errors import DatasetError
-
-    path = Path(source)
-    rows: list[tuple[str, str, dict]] = []
-    if path.is_dir():
-        corpus = next((path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).is_file()), None)
-        if corpus is not None:
-            rows = _jsonl_rows(read_jsonl(corpus), corpus)
-        else:
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in _TEXT_SUFFIXES)
-            if not files:
-                raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
-            for f in files:
-                rel = f.relative_to(path).as_posix()
-                try:
-                    text = f.read_text(encoding="utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DatasetError(f"{f} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
-                rows.append((rel, text.strip(), {"path": rel}))
-    elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
-        rows = _jsonl_rows(read_jsonl(path), path)
-    elif path.exists():
-        raise DatasetError(f"{path} is neither a folder nor a .jsonl/.jsonl.gz file")
-    else:
-        raise DatasetError(f"no such file or folder: {path}")
-    ids, texts, metas, skipped = [], [], [], []
-    for did, text, meta in rows:
-        if text.strip():
-            ids.append(did)
-            texts.append(text)
-            metas.append(meta)
-        else:
-            skipped.append(did)
-    return ids, texts, metas, skipped
-
-
-def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
-    from normrank.errors import DatasetError
-
-    out = []
-    for no, row in enumerate(rows, 1):
-        if not isinstance(row, dict) or "text" not in row:
-            raise DatasetError(f"row {no} of {path} has no 'text' field (expected _id, title, text)")
-        did = str(row.get("_id", row.get("id", no)))
-        title = str(row.get("title") or "").strip()
-        body = str(row.get("text") or "").strip()
-        meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
-        if title:
-            meta["title"] = title
-        out.append((did, f"{title}\n{body}".strip() if title else body, meta))
-    return out
+# Reading a source lives in normrank.sources (shared with normrank.distributed); re-exported here.
+from normrank.sources import read_source  # noqa: E402,F401
 
 
 def _start_ray(quiet: bool) -> Any:
@@ -280,6 +219,30 @@ def _check_out_folder(out: str | Path) -> None:
                                "refusing to write into it: choose a new or empty folder")
 
 
+def _chunk(args: argparse.Namespace, config: Any, encoder: Any, ids: list[str], texts: list[str],
+           metas: list[dict]) -> tuple[list[str], list[str], list[dict]]:
+    """Chunk the documents as --chunk-size/--chunk-overlap/--no-chunking/--chunk-rows and YAML `chunking:` say."""
+    from normrank.chunking import chunk_documents
+    from normrank.sources import source_kind
+
+    c = config.chunking
+    size = args.chunk_size if args.chunk_size is not None else c.size
+    overlap = args.chunk_overlap if args.chunk_overlap is not None else c.overlap
+    kind = source_kind(args.source)
+    n_docs = len(ids)
+    ids, texts, metas, truncated = chunk_documents(
+        ids, texts, metas, encoder=encoder, kind=kind, enabled=c.enabled and not args.no_chunking, size=size,
+        overlap=overlap, rows=c.rows or args.chunk_rows)
+    if len(ids) != n_docs:
+        print(f"chunked {n_docs} documents into {len(ids)} passages (ids path#n; metadata source, chunk, start, "
+              "end); --no-chunking keeps one document per file", file=sys.stderr)
+    if truncated:
+        hint = "--chunk-rows splits them (ids become id#n)" if kind == "rows" else "drop --no-chunking to split them"
+        print(f"note: {truncated} of {n_docs} documents are longer than the model's window of {encoder.max_tokens} "
+              f"tokens and were truncated (only their beginning is embedded); {hint}", file=sys.stderr)
+    return ids, texts, metas
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Encode a corpus with the raw encoder (cached) and save a NormIndex."""
     from normrank.cache import encode_cached
@@ -289,9 +252,16 @@ def cmd_index(args: argparse.Namespace) -> int:
         from normrank.distributed import index_with_ray
 
         ray_config = args.config
-        if args.model:
+        chunk_flags = (args.chunk_size, args.chunk_overlap, args.no_chunking or None, args.chunk_rows or None)
+        if args.model or any(v is not None for v in chunk_flags):
             ray_config = load_config(args.config).model_copy(deep=True)
-            ray_config.encoder.model = _model_arg(args.model)
+            if args.model:
+                ray_config.encoder.model = _model_arg(args.model)
+            c = ray_config.chunking
+            c.size = args.chunk_size if args.chunk_size is not None else c.size
+            c.overlap = args.chunk_overlap if args.chunk_overlap is not None else c.overlap
+            c.enabled = c.enabled and not args.no_chunking
+            c.rows = c.rows or args.chunk_rows
         stop = _start_ray(quiet=not args.verbose)
         try:
             index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
@@ -313,6 +283,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.model:
         config.encoder.model = _model_arg(args.model)
     index = build_index(config)
+    ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
@@ -591,6 +562,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray", action="store_true", help="encode on Ray Data with a pool of encoder actors "
                    "(pip install 'normrank[ray]'; RAY_ADDRESS joins a cluster)")
     p.add_argument("--ray-actors", type=_positive_int, default=2, help="encoder actors with --ray (default 2)")
+    g = p.add_argument_group("chunking", "Files longer than the model's window are split into passages (ids "
+                             "path#n; metadata source, chunk, start, end), at paragraph and sentence boundaries "
+                             "where possible. YAML: the `chunking:` section.")
+    g.add_argument("--chunk-size", type=_positive_int, metavar="TOKENS", help="tokens per chunk in the model's own "
+                   "tokenizer (default: the window minus special tokens, 254 for MiniLM)")
+    g.add_argument("--chunk-overlap", type=_non_negative_int, metavar="TOKENS",
+                   help="tokens shared by neighbouring chunks (default: 15%% of the chunk size)")
+    g.add_argument("--no-chunking", action="store_true", help="one document per file (longer ones are truncated)")
+    g.add_argument("--chunk-rows", action="store_true", help="also chunk the rows of a BEIR folder or .jsonl file "
+                   "(their ids become id#n, which qrels do not name)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search a saved index; every hit with its explanation")
@@ -657,6 +638,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
     p.set_defaults(func=cmd_recalibrate)
     return parser
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:

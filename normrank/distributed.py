@@ -407,8 +407,9 @@ def index_with_ray(
 
     Returns the index.
     """
-    from normrank.cli import read_source
+    from normrank.chunking import chunk_documents
     from normrank.config import build_encoder, build_index, load_config
+    from normrank.sources import read_source, source_kind
 
     cfg = load_config(config).model_copy(deep=True)
     if backend is not None:
@@ -425,7 +426,14 @@ def index_with_ray(
         logger.warning("skipped %d empty document(s), e.g. %s", len(skipped), skipped[:3])
     if not ids:
         raise EmptyCorpusError(f"{source} holds no document with text")
-    corpus = encode_corpus(texts, ids, metas, out=encoded, encoder=build_encoder(cfg), num_actors=num_actors,
+    encoder = build_encoder(cfg)
+    c = cfg.chunking  # long files become passages (ids path#n), as `normrank index` does
+    ids, texts, metas, truncated = chunk_documents(ids, texts, metas, encoder=encoder, kind=source_kind(source),
+                                                   enabled=c.enabled, size=c.size, overlap=c.overlap, rows=c.rows)
+    if truncated:
+        logger.warning("%d documents are longer than the model's window of %d tokens and were truncated",
+                       truncated, encoder.max_tokens)
+    corpus = encode_corpus(texts, ids, metas, out=encoded, encoder=encoder, num_actors=num_actors,
                            ray_address=ray_address, max_bins=cfg.calibration.max_bins,
                            min_per_bin=cfg.calibration.min_per_bin, show_progress=show_progress)
     index = corpus.into(build_index(cfg))

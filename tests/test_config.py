@@ -58,7 +58,7 @@ def test_every_key_in_the_example_is_commented():
     ({"encoder": {"batch_size": -1}}, r"'encoder\.batch_size'.*greater than 0"),
     ({"store": {"index_type": "annoy"}}, r"'store\.index_type'.*'flat', 'hnsw' or 'ivf'"),
     ({"fit": {"modes": ["additive", "x"]}}, r"'fit\.modes\.1'.*'additive', 'multiplicative' or 'tiebreak'"),
-    ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, encoder, fit, haystack"),
+    ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, chunking, encoder, fit, haystack"),
     ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
 ])
 def test_wrong_key_or_type_names_the_path_and_the_allowed(data, expected):

@@ -1,0 +1,98 @@
+"""Reading a corpus from disk: a BEIR folder, a ``.jsonl[.gz]`` file, or a folder of .txt/.md files.
+
+Shared by ``normrank index`` (:mod:`normrank.cli`) and Ray indexing (:mod:`normrank.distributed`),
+so neither imports the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from normrank.errors import DatasetError
+
+#: File suffixes ``read_source`` indexes in a folder.
+TEXT_SUFFIXES = (".txt", ".md")
+
+
+def source_kind(source: str | Path) -> str:
+    """``"files"`` for a folder of .txt/.md files, ``"rows"`` for a BEIR folder or a .jsonl[.gz] file.
+
+    Files are chunked by default (a long file is many passages); rows keep their ids whole by
+    default, since qrels and callers name them.
+    """
+    path = Path(source)
+    if path.is_dir() and not any((path / n).is_file() for n in ("corpus.jsonl", "corpus.jsonl.gz")):
+        return "files"
+    return "rows"
+
+
+def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], list[str]]:
+    """(ids, texts, metadatas, skipped ids) from a BEIR folder, a .jsonl[.gz] file or a folder of .txt/.md.
+
+    A file's id is its path relative to the folder (``/`` separators); its metadata holds that path
+    as ``path`` (chunking adds ``source``). Empty documents are skipped and returned by id.
+
+    Raises
+    ------
+    DatasetError
+        The source does not exist, is of none of these kinds, or a row has no text field.
+    """
+    from normrank.datasets import read_jsonl
+
+    path = Path(source)
+    rows: list[tuple[str, str, dict]] = []
+    if path.is_dir():
+        corpus = next((path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).is_file()), None)
+        if corpus is not None:
+            rows = _jsonl_rows(read_jsonl(corpus), corpus)
+        else:
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            if not files:
+                raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
+            for f in files:
+                rel = f.relative_to(path).as_posix()
+                rows.append((rel, read_text_file(f).strip(), {"path": rel}))
+    elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
+        rows = _jsonl_rows(read_jsonl(path), path)
+    elif path.exists():
+        raise DatasetError(f"{path} is neither a folder nor a .jsonl/.jsonl.gz file")
+    else:
+        raise DatasetError(f"no such file or folder: {path}")
+    ids, texts, metas, skipped = [], [], [], []
+    for did, text, meta in rows:
+        if text.strip():
+            ids.append(did)
+            texts.append(text)
+            metas.append(meta)
+        else:
+            skipped.append(did)
+    return ids, texts, metas, skipped
+
+
+def read_text_file(path: str | Path) -> str:
+    """A UTF-8 text file's content; anything else is a :class:`DatasetError` naming the file and byte."""
+    f = Path(path)
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"{f} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
+    except IsADirectoryError as exc:
+        raise DatasetError(f"{f} is a folder, not a text file") from exc
+
+
+def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
+    out = []
+    for no, row in enumerate(rows, 1):
+        if not isinstance(row, dict) or "text" not in row:
+            raise DatasetError(f"row {no} of {path} has no 'text' field (expected _id, title, text)")
+        did = str(row.get("_id", row.get("id", no)))
+        title = str(row.get("title") or "").strip()
+        body = str(row.get("text") or "").strip()
+        meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
+        if title:
+            meta["title"] = title
+        out.append((did, f"{title}\n{body}".strip() if title else body, meta))
+    return out
+
+
+__all__ = ["TEXT_SUFFIXES", "read_source", "read_text_file", "source_kind"]
