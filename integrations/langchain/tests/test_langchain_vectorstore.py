@@ -527,7 +527,7 @@ def test_save_local_load_local_round_trip(store, tmp_path, queries):
         assert [(d.id, s) for d, s in loaded.similarity_search_with_score(q, k=5)] == \
             [(d.id, s) for d, s in store.similarity_search_with_score(q, k=5)]
     with pytest.warns(UserWarning, match="never unpickles"):
-        NormRankVectorStore.load_local(tmp_path / "lc", allow_dangerous_deserialization=True)
+        NormRankVectorStore.load_local(tmp_path / "lc", allow_dangerous_deserialization=False)
     with pytest.raises(FileNotFoundError):
         NormRankVectorStore.load_local(tmp_path / "nothing-here")
     records = next((tmp_path / "lc").glob("v-*")) / "records.jsonl"
