@@ -11,9 +11,10 @@ turns the index off for a query). No padding is needed: pgvector has no fast-ker
 
 The backend is split by job: :mod:`normrank.pg_connection` (DSN, redaction, connecting),
 :mod:`normrank.pg_sql` (table names, DDL, filters), :mod:`normrank.pg_state` (the state row
-and the settings' ranges), :mod:`normrank.pg_search` (the read side), :mod:`normrank.pg_local`
-(a throwaway local server). This module holds the index itself: its transactions, the state
-it keeps in step with the table, and the writes.
+and the settings' ranges), :mod:`normrank.pg_search` (the read side), :mod:`normrank.pg_writes`
+(the write side), :mod:`normrank.pg_local` (a throwaway local server). This module holds the
+index itself: its construction, its transactions, the state it keeps in step with the table,
+and reading documents back (``get``, ``ids``, ``vectors``).
 
 Keeping the calibration beside the rows (``{table}_normrank``) means any process that opens
 the table ranks exactly as the one that wrote it. Writes take a transaction-scoped advisory
@@ -41,7 +42,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from normrank._validation import as_matrix, check_option, check_text
+from normrank._validation import check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder
 from normrank.errors import (
@@ -64,8 +65,8 @@ from normrank.pg_connection import (
 )
 from normrank.pg_local import local_server
 from normrank.pg_search import PgSearchMixin
-from normrank.pg_sql import TableNames, check_table_name, create_tables_sql, hnsw_index_sql
-from normrank.pg_state import (
+from normrank.pg_sql import TableNames, check_table_name
+from normrank.pg_state import (  # COLUMN_SCALE, MAX_HNSW_DIM, PgIndexType: also this module's names before the split
     COLUMN_SCALE,
     MAX_DIM,
     MAX_HNSW_DIM,
@@ -76,7 +77,8 @@ from normrank.pg_state import (
     check_index_type,
     check_pg_option,
 )
-from normrank.scoring import Weights, doc_column
+from normrank.pg_writes import PgWriteMixin
+from normrank.scoring import Weights
 from normrank.store import BlendIndexBase, Record, _check_ids
 
 logger = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ _STATE_ATTRS = ("_dim", "_weights", "index_type", "_hnsw_m", "_ef_construction",
                 "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists")
 
 
-class PgVectorNormIndex(PgSearchMixin, BlendIndexBase):
+class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     """A PostgreSQL + pgvector store of raw-norm-aware documents (same API as ``NormIndex``).
 
     Parameters
@@ -472,111 +474,6 @@ class PgVectorNormIndex(PgSearchMixin, BlendIndexBase):
         index.add_texts(texts, ids=ids, metadatas=metadatas, show_progress=show_progress)
         return index
 
-    def _precheck_ids(self, ids: Sequence[str] | None, n: int, cur: Any = None) -> list[str]:
-        out = self._batch_ids(ids, n)
-        if ids is None:
-            return out
-
-        def body(c: Any) -> None:
-            if not self._exists:
-                return
-            taken = [r[0] for r in c.execute(self._names.sql("SELECT id FROM {t} WHERE id = ANY(%s)"), (out,))]
-            if taken:
-                raise DuplicateIdError(f"ids already in the index; delete them first to replace them: {taken[:5]}")
-
-        if cur is None:
-            self._run(body)
-        else:
-            body(cur)
-        return out
-
-    def add_vectors(
-        self,
-        vectors: np.ndarray,
-        token_counts: Sequence[int] | np.ndarray,
-        ids: Sequence[str] | None = None,
-        texts: Sequence[str | None] | None = None,
-        metadatas: Sequence[Mapping[str, Any]] | None = None,
-    ) -> list[str]:
-        """Add raw (un-normalised) vectors with their token counts, by binary COPY. All-or-nothing.
-
-        Ids, texts and metadata are checked before anything is written (no lone surrogate, no NUL,
-        finite numbers, bounded nesting): a refused batch leaves the table as it was.
-        """
-        from psycopg.types.json import Jsonb
-
-        def body(cur: Any) -> list[str]:
-            mat, norms, counts, text_list, metas = self._check_batch(
-                vectors, token_counts, texts, metadatas, empty=not self._count)
-            n = mat.shape[0]
-            new_ids = self._precheck_ids(ids, n, cur)
-            first = not self._exists
-            if first:
-                self._create_tables(cur, mat.shape[1])
-            elif mat.shape[1] != self._dim:
-                raise DimensionMismatchError(
-                    f"dimension mismatch: got vectors of dimension {mat.shape[1]}, expected {self._dim}")
-            if not self.calibrator.is_fitted:
-                self.calibrator = NormCalibrator(self.calibrator.max_bins,
-                                                 self.calibrator.min_per_bin).fit(norms, counts)
-            unit = mat / norms[:, None].astype(np.float32)
-            column = doc_column(self._shaped_feature(self.calibrator, norms, counts), self._weights.mode)
-            aug = np.empty((n, self._dim + 1), dtype=np.float32)
-            aug[:, : self._dim] = unit
-            aug[:, self._dim] = column * COLUMN_SCALE
-            with cur.copy(self._names.sql("COPY {t} (id, emb, norm, token_count, text, metadata) "
-                                          "FROM STDIN WITH (FORMAT BINARY)")) as cp:
-                cp.set_types(["text", "vector", "float8", "int4", "text", "jsonb"])
-                for j in range(n):
-                    cp.write_row((new_ids[j], aug[j], float(norms[j]), int(counts[j]), text_list[j],
-                                  Jsonb(metas[j])))
-            self._count += n
-            self._column_key = self._current_column_key()
-            if self._auto_calibrated and self._count >= 2 * max(self.calibrator.n_fitted, 1) and self._count >= 40:
-                self._recalibrate(cur)
-            elif first:
-                self._create_vector_index(cur)
-            return new_ids
-
-        return self._run(body, write=True)
-
-    def _create_tables(self, cur: Any, dim: int) -> None:
-        if self.index_type == "hnsw" and dim + 1 > MAX_HNSW_DIM:
-            raise InvalidArgumentError(f"pgvector's HNSW index takes at most {MAX_HNSW_DIM} dimensions; "
-                                       f"{dim}-d vectors need {dim + 1}: use index_type='flat'")
-        if dim + 1 > MAX_DIM:
-            raise InvalidArgumentError(f"pgvector stores at most {MAX_DIM} dimensions; {dim}-d vectors need {dim + 1}")
-        self._check_names_free(cur)
-        for statement in create_tables_sql(self._names, dim):
-            cur.execute(statement)
-        self._dim, self._exists, self._version = dim, True, 0
-
-    def _create_vector_index(self, cur: Any) -> None:
-        if self.index_type == "hnsw":
-            cur.execute(hnsw_index_sql(self._names, self.hnsw_m, self.ef_construction))
-
-    def _rewrite_column(self, cur: Any) -> None:
-        """Recompute the norm column of every row (new calibration, feature or mode), then re-index."""
-        rows = cur.execute(self._names.sql("SELECT id, norm, token_count FROM {t}")).fetchall()
-        cur.execute(self._names.sql("DROP INDEX IF EXISTS {ix}"))
-        if rows:
-            ids = [r[0] for r in rows]
-            norms = np.array([r[1] for r in rows], dtype=np.float64)
-            counts = np.array([r[2] for r in rows], dtype=np.int64)
-            col = doc_column(self._shaped_feature(self.calibrator, norms, counts), self._weights.mode)
-            col = (col * COLUMN_SCALE).astype(np.float32)
-            cur.execute("CREATE TEMP TABLE normrank_column (id text PRIMARY KEY, c real) ON COMMIT DROP")
-            with cur.copy("COPY normrank_column (id, c) FROM STDIN WITH (FORMAT BINARY)") as cp:
-                cp.set_types(["text", "float4"])
-                for i, c in zip(ids, col.tolist()):
-                    cp.write_row((i, c))
-            cur.execute(self._names.sql(
-                f"UPDATE {{t}} AS d SET emb = subvector(d.emb, 1, {int(self._dim)}) || ARRAY[c.c]::vector "
-                "FROM normrank_column AS c WHERE d.id = c.id"))
-            cur.execute("DROP TABLE normrank_column")
-        self._create_vector_index(cur)
-        self._column_key = self._current_column_key()
-
     # ------------------------------------------------------------ reading documents
     def get(self, ids: Iterable[str]) -> list[Record]:
         """Records for ``ids`` in the given order."""
@@ -619,121 +516,6 @@ class PgVectorNormIndex(PgSearchMixin, BlendIndexBase):
             return np.ascontiguousarray(np.stack([found[x] for x in wanted]), dtype=np.float32)
 
         return self._run(body)
-
-    # ------------------------------------------------------------ changing
-    def delete(self, ids: Iterable[str]) -> int:
-        """Delete documents by id; all ids must exist (nothing is deleted otherwise)."""
-        wanted = sorted(set(_check_ids(list(ids), allow_nul=False)))
-        if not wanted:
-            return 0
-
-        def body(cur: Any) -> int:
-            if not self._exists:
-                raise UnknownIdError(f"unknown ids, nothing deleted: {wanted[:5]}")
-            gone = [r[0] for r in cur.execute(self._names.sql("DELETE FROM {t} WHERE id = ANY(%s) RETURNING id"),
-                                              (wanted,))]
-            if len(gone) != len(wanted):
-                missing = sorted(set(wanted) - set(gone))
-                raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
-            self._count -= len(gone)
-            return len(gone)
-
-        return self._run(body, write=True)
-
-    def set_weights(self, weights: Weights) -> None:
-        """Change the blend for every process using the table; the norm column is rewritten only if needed."""
-        self._publish(weights=weights)
-
-    def _publish(self, *, weights: Weights | None = None, query_calibrator: NormCalibrator | None = None) -> None:
-        """New weights and/or query calibration in one transaction: readers see all of it or none."""
-        if weights is not None and not isinstance(weights, Weights):
-            raise InvalidArgumentError(f"set_weights takes a normrank.Weights, got {type(weights).__name__}")
-
-        def body(cur: Any) -> None:
-            if query_calibrator is not None:
-                self.query_calibrator = query_calibrator
-            if weights is not None:
-                self._weights = weights
-                if self._exists and self._current_column_key() != self._column_key:
-                    self._rewrite_column(cur)
-
-        self._run(body, write=True)  # with no table yet: settings for the first add
-
-    def set_index_type(self, index_type: PgIndexType) -> None:
-        """Switch between exact scans (``"flat"``) and the HNSW index (``"hnsw"``), building or dropping it.
-
-        Bulk loads run fastest as ``"flat"`` with the index built once at the end.
-        """
-        check_index_type(index_type)
-
-        def body(cur: Any) -> None:
-            if not self._exists:
-                self.index_type = index_type
-                return
-            if index_type == "hnsw" and self.augmented_dim > MAX_HNSW_DIM:
-                raise InvalidArgumentError(f"pgvector's HNSW index takes at most {MAX_HNSW_DIM} dimensions; "
-                                           f"this table has {self.augmented_dim}")
-            if index_type != self.index_type:
-                self.index_type = index_type
-                cur.execute(self._names.sql("DROP INDEX IF EXISTS {ix}"))
-                self._create_vector_index(cur)
-
-        self._run(body, write=True)
-
-    def recalibrate(self) -> None:
-        """Refit the document calibration on every stored document and rewrite the norm column."""
-        def body(cur: Any) -> None:
-            if not self._exists or not self._count:
-                raise EmptyCorpusError("cannot calibrate an empty index")
-            self._recalibrate(cur)
-
-        self._run(body, write=True)
-
-    def _recalibrate(self, cur: Any) -> None:
-        rows = cur.execute(self._names.sql("SELECT norm, token_count FROM {t}")).fetchall()
-        norms = np.array([r[0] for r in rows], dtype=np.float64)
-        counts = np.array([r[1] for r in rows], dtype=np.int64)
-        self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin).fit(norms, counts)
-        self._rewrite_column(cur)
-
-    def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
-                          token_counts: np.ndarray | None = None) -> NormCalibrator:
-        """Fit the query calibration on representative queries (or their norms and counts); stored in the table."""
-        cal = self._query_calibration(queries, norms, token_counts)
-        self._publish(query_calibrator=cal)
-        return cal
-
-    def _query_calibration(self, queries: Sequence[str] | None, norms: np.ndarray | None,
-                           token_counts: np.ndarray | None) -> NormCalibrator:
-        if norms is None or token_counts is None:
-            if not queries:
-                raise EmptyCorpusError("no queries to calibrate on")
-            vecs, token_counts = self.encoder.encode_with_counts(list(queries))
-            norms = np.linalg.norm(as_matrix(vecs, self._dim).astype(np.float64), axis=1)
-        return NormCalibrator().fit(norms, token_counts)
-
-    def drop(self) -> None:
-        """Drop the document and state tables (irreversible); the object becomes an empty index."""
-        def body(cur: Any) -> None:
-            cur.execute(self._names.sql("DROP TABLE IF EXISTS {t}"))
-            cur.execute(self._names.sql("DROP TABLE IF EXISTS {s}"))
-            self._exists = False  # nothing to write back
-
-        with self._lock:
-            self._run(body, write=True)
-            self._forget_table()
-
-    # ------------------------------------------------------------ fitting
-    def fit(self, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], **kwargs: Any) -> Any:
-        """Fit the blend from labelled queries (``normrank.fitting``); the result is stored in the table."""
-        from normrank.fitting import fit_index
-
-        return fit_index(self, queries, qrels, **kwargs)
-
-    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None) -> None:
-        """A fit's weights and query calibration go live in one transaction (called by ``fit_index``):
-        other connections see the state before the fit or after it, never one without the other."""
-        self._publish(weights=weights, query_calibrator=query_calibrator)
 
 
 __all__ = ["DSN_ENV", "PG_INDEX_TYPES", "PgVectorNormIndex", "local_server", "redact", "resolve_dsn"]
