@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE
+from normrank._validation import UNIT_NORM_TOLERANCE, check_option
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, default_model_path
 from normrank.errors import InvalidArgumentError, NormRankError, UnknownIdError
@@ -122,6 +122,14 @@ def encoder_settings(encoder: RawEncoder) -> dict[str, Any]:
     return settings
 
 
+def check_encoder_options(options: Mapping[str, Any]) -> None:
+    """Refuse out-of-range ``batch_size`` / ``max_seq_length`` at construction, not at the first query."""
+    if options.get("batch_size") is not None:
+        check_option("batch_size", options["batch_size"])
+    if options.get("max_seq_length") is not None:
+        check_option("max_seq_length", options["max_seq_length"])
+
+
 def build_encoder(model: str | None, *, pooling: str = "mean", sif_a: float = 1e-3,
                   **options: Any) -> RawEncoder:
     """The encoder the settings describe: a ``RawEncoder``, or a ``PooledEncoder`` for another pooling."""
@@ -178,17 +186,30 @@ def stored_vectors(source: Any, items: Sequence[tuple[str, str]], dim: int) -> d
         ids = [items[i][0] for i in wanted]
         records = source.get(ids)
         vecs = np.asarray(source.vectors(ids), dtype=np.float32)
+        after = source.get(ids)  # a document replaced in between (same id, new text) is not trusted
     except (UnknownIdError, KeyError, NotImplementedError, InvalidArgumentError) as exc:
         logger.debug("stored vectors not used: %s", exc)
         return {}
-    if vecs.ndim != 2 or vecs.shape != (len(wanted), dim) or len(records) != len(wanted):
+    if vecs.ndim != 2 or vecs.shape != (len(wanted), dim) or len(records) != len(wanted) or len(after) != len(wanted):
         return {}
     out: dict[int, tuple[np.ndarray, int]] = {}
     for j, i in enumerate(wanted):
-        rec = records[j]
-        if getattr(rec, "id", None) == items[i][0] and getattr(rec, "text", None) == items[i][1]:
+        rec, again = records[j], after[j]
+        same = (rec.id == again.id == items[i][0] and rec.text == again.text == items[i][1]
+                and rec.token_count == again.token_count and rec.norm == again.norm)
+        if same:
             out[i] = (vecs[j], int(rec.token_count))
     return out
+
+
+def as_index(source: Any) -> Any:
+    """The normrank index behind ``source``: a ``NormIndex`` itself, or a normrank vector store's ``.index``."""
+    for candidate in (source, getattr(source, "index", None)):
+        if candidate is not None and all(hasattr(candidate, a) for a in ("encoder", "weights", "calibrator",
+                                                                          "query_calibrator", "search")):
+            return candidate
+    raise InvalidArgumentError(
+        f"from_index takes a normrank.NormIndex (or a normrank vector store), got {type(source).__name__}")
 
 
 class CandidateVectorCache:
@@ -199,9 +220,7 @@ class CandidateVectorCache:
     """
 
     def __init__(self, size: int = 10_000) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise InvalidArgumentError(f"cache_size must be an integer >= 0, got {size!r}")
-        self.size = size
+        self.size = check_option("cache_size", size)
         self._items: OrderedDict[tuple[str, str], tuple[np.ndarray | None, int]] = OrderedDict()
         self._lock = threading.Lock()
 

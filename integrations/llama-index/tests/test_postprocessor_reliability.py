@@ -251,3 +251,26 @@ def test_from_index_reuses_stored_vectors(index, ids, demo_texts, encoder, model
     edited = _nodes([ids[0], ids[1]], ["An edited text about comets.", demo_texts[1]])
     post.postprocess_nodes(edited, QueryBundle(q, embedding=qv.tolist()))
     assert model_calls.texts == calls + 2
+
+
+def test_query_engine_over_the_normrank_store_encodes_only_the_query(encoder, ids, demo_texts, model_calls):
+    """NormRankVectorStore + NormRankEmbedding + NormRankPostprocessor.from_index(store): even the first
+    re-rank runs the model once per query (the framework's own query embedding), nothing for candidates."""
+    from llama_index.vector_stores.normrank import NormRankVectorStore
+
+    index = NormIndex(encoder, weights=Weights(a=0.03))
+    index.add_texts(demo_texts, ids=ids)
+    store = NormRankVectorStore(index)
+    vindex = VectorStoreIndex.from_vector_store(store, embed_model=NormRankEmbedding(encoder=encoder))
+    post = NormRankPostprocessor.from_index(store, top_n=3, cache_size=0, weights=Weights(a=0.05))
+    engine = vindex.as_query_engine(llm=MockLLM(), similarity_top_k=8, node_postprocessors=[post])
+    q = "How long do massive stars live?"
+    before = model_calls.texts
+    out = engine.query(q).source_nodes
+    assert model_calls.texts - before == 1
+    assert len(out) == 3 and out[0].node.node_id.startswith("astro")
+    vectors = store.index.vectors([n.node.node_id for n in out])
+    qv = encoder.encode([q])[0]
+    for n, v in zip(out, vectors):  # scored with the stored vectors
+        cos = float(v @ qv / np.linalg.norm(v) / np.linalg.norm(qv))
+        assert n.node.metadata["normrank"]["cosine"] == pytest.approx(cos, abs=1e-5)

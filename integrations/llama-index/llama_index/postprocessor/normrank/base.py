@@ -43,7 +43,9 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
     CandidateVectorCache,
+    as_index,
     build_encoder,
+    check_encoder_options,
     calibrator_from_texts,
     encoder_settings,
     explanation,
@@ -54,6 +56,7 @@ from normrank.candidate_vectors import (
     with_explanation,
     weights_from,
 )
+from normrank._validation import check_option
 from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
@@ -127,6 +130,10 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             data["weights"] = weights_from(data["weights"])
         if data.get("pooling", "mean") not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {data['pooling']!r}; choose one of {list(POOLINGS)}")
+        for name in ("top_n", "cache_size"):
+            if name in data:
+                data[name] = check_option(name, data[name])
+        check_encoder_options(data)
         if encoder is not None:
             if not isinstance(encoder, RawEncoder):
                 raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
@@ -145,11 +152,12 @@ class NormRankPostprocessor(BaseNodePostprocessor):
     # ------------------------------------------------------------ builders
     @classmethod
     def from_index(cls, index: NormIndex, **kwargs: Any) -> NormRankPostprocessor:
-        """Use a ``NormIndex``'s encoder, calibrations, (fitted) weights and stored vectors.
+        """Use a ``NormIndex``'s (or a normrank vector store's) encoder, calibrations, weights and stored vectors.
 
         Nodes the index holds (same id, same text) are scored with the vectors it stores, so
         re-ranking its own documents encodes nothing but (at most) the query. ``kwargs`` set the rest.
         """
+        index = as_index(index)
         kwargs.setdefault("weights", index.weights)
         post = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
                    **kwargs)

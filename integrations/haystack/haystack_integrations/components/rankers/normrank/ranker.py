@@ -31,7 +31,9 @@ from haystack import Document, component, default_from_dict, default_to_dict
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
     CandidateVectorCache,
+    as_index,
     build_encoder,
+    check_encoder_options,
     calibrator_from_texts,
     encoder_settings,
     explanation,
@@ -42,6 +44,7 @@ from normrank.candidate_vectors import (
     with_explanation,
     weights_from,
 )
+from normrank._validation import check_option
 from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
@@ -58,9 +61,7 @@ OLD_TYPE_NAME = "haystack_normrank.ranker.NormRankRanker"
 
 
 def _check_top_k(top_k: Any) -> int:
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0:
-        raise InvalidArgumentError(f"top_k must be a positive integer, got {top_k!r}")
-    return top_k
+    return check_option("top_k", top_k)
 
 
 def _calibrator(value: NormCalibrator | Mapping[str, Any] | None) -> NormCalibrator | None:
@@ -123,7 +124,8 @@ class NormRankRanker:
         :param cache_size: Document vectors kept in memory.
         :param encoder: An existing ``RawEncoder`` to share (then ``model`` and every encoder setting
             are taken from it, and serialised, so ``Pipeline.dumps`` rebuilds the same encoder).
-        :raises InvalidArgumentError: ``top_k``, ``cache_size``, ``pooling`` or a weight is invalid.
+        :raises InvalidArgumentError: ``top_k``, ``cache_size``, ``batch_size``, ``max_seq_length``, ``pooling``
+            or a weight is invalid (ranges: ``normrank._validation.OPTION_RANGES``).
         """
         self.top_k = _check_top_k(top_k)
         self.weights = weights_from(weights)
@@ -138,6 +140,7 @@ class NormRankRanker:
             max_seq_length, pooling, sif_a = settings["max_seq_length"], settings["pooling"], settings["sif_a"]
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
+        check_encoder_options({"batch_size": batch_size, "max_seq_length": max_seq_length})
         self.model = model
         self.batch_size = batch_size
         self.device = device
@@ -153,12 +156,13 @@ class NormRankRanker:
     # ------------------------------------------------------------ builders
     @classmethod
     def from_index(cls, index: NormIndex, **kwargs: Any) -> NormRankRanker:
-        """Use a ``NormIndex``'s encoder, calibrations, (fitted) weights and stored vectors.
+        """Use a ``NormIndex``'s (or a normrank vector store's) encoder, calibrations, weights and stored vectors.
 
         Documents the index holds (same id, same content) are scored with the vectors it
         stores, so re-ranking its own documents encodes nothing but (at most) the query.
         ``kwargs`` set the rest.
         """
+        index = as_index(index)
         kwargs.setdefault("weights", index.weights)
         ranker = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
                      **kwargs)
