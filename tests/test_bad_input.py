@@ -430,3 +430,49 @@ def test_fit_with_bad_options_changes_nothing(store):
             r"unknown fit options \['fold'\]; allowed: \[.*'folds'")
     refused(store, lambda: store.fit(queries, {"q1": {"doc1": 0}}), EmptyCorpusError,
             "no query in the qrels has a relevant document")
+
+
+# ------------------------------------------------------------------ issue 10: text, metadata, options
+
+@pytest.mark.parametrize(("ids", "texts", "metas", "where"), [
+    (["ok", "bad\udcff"], None, None, "id 1"),
+    (None, ["ok", "bad\udcff"], None, "text 1"),
+    (None, None, [{}, {"k": "bad\udcff"}], r"metadata 1\['k'\]"),
+    (None, None, [{}, {"bad\udcff": 1}], "metadata 1 key .*"),
+])
+def test_lone_surrogates(store, two, ids, texts, metas, where):
+    from normrank import InvalidTextError
+
+    vecs, counts = two[0].copy(), two[1]
+    refused(store, lambda: store.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas),
+            InvalidTextError, f"{where} is not valid Unicode text: it holds the lone surrogate")
+    refused(store, lambda: store.search("what \udcff", 3), InvalidTextError, "query 0 is not valid Unicode text")
+
+
+def test_metadata_too_deep_too_big_or_not_finite(store, two):
+    from normrank import InvalidMetadataError
+
+    deep: dict = {}
+    cur = deep
+    for _ in range(700):
+        cur["x"] = {}
+        cur = cur["x"]
+    vecs, counts = two[0].copy(), two[1]
+    for meta, message in ((deep, "nested more than 32 levels deep"), ({"b": "x" * 2_000_000}, "larger than 1,000,000"),
+                          ({"f": float("inf")}, "is inf; metadata numbers must be finite")):
+        refused(store, lambda: store.add_vectors(vecs, counts, metadatas=[{}, meta]), InvalidMetadataError, message)
+
+
+@pytest.mark.parametrize(("option", "value"), [("ef_search", 2_000_000_000), ("nprobe", 0), ("ef_search", 2e9),
+                                                ("hnsw_m", "32"), ("pad_to", True)])
+def test_numeric_option_out_of_range(store, option, value):
+    with pytest.raises(InvalidArgumentError, match=rf"{option} must be .*in \["):
+        NormIndex(index_type="hnsw", **{option: value})
+    refused(store, lambda: setattr(store, option, value), InvalidArgumentError, rf"{option} must be .*in \[")
+
+
+def test_k_as_a_numpy_integer_and_fit_folds_as_a_word(store):
+    assert store.search(QUERY, np.int64(3)) == store.search(QUERY, 3)
+    queries, qrels = {"q1": QUERY, "q2": "ocean tides"}, {"q1": {"doc1": 1}, "q2": {"doc2": 1}}
+    refused(store, lambda: store.fit(queries, qrels, folds="five"), InvalidArgumentError,
+            r"folds must be an integer in \[2, 1000\], got 'five' \(str\)")
