@@ -339,12 +339,13 @@ class NormRankVectorStore(VectorStore):
             raise UnknownIdError(f"ids kept changing while reading: {wanted[:5]}")
 
     # ------------------------------------------------------------ searching
-    def _query(self, query: str) -> tuple[str | np.ndarray, int | None]:
-        """What to pass to ``index.search`` for a query text: the text itself, or its raw vector and count."""
+    def _query(self, query: str) -> tuple[np.ndarray, int]:
+        """The raw query vector and its token count, computed before any lock is taken (the slow part)."""
         if not isinstance(query, str):
             raise InvalidArgumentError(f"the query must be a string, got {type(query).__name__}")
-        if self._shared:
-            return query, None
+        if self._shared:  # exactly what index.search(text) would compute, without holding the store
+            vecs, counts = self.embedding.encoder.encode_with_counts([query])  # type: ignore[attr-defined]
+            return np.asarray(vecs[0], dtype=np.float32), int(counts[0])
         check_texts([query])
         check_text(query, "the query")
         vec = np.asarray(self.embedding.embed_query(query), dtype=np.float32).ravel()
@@ -353,15 +354,19 @@ class NormRankVectorStore(VectorStore):
             check_norm_signal(np.array([norm]))  # raises UnitNormError with the raw-embeddings hint
         return vec, int(self._count_tokens([query])[0])
 
+    def _empty_result(self) -> list[Hit]:
+        """``[]`` for an empty store when that is allowed, else the error that says why it is empty."""
+        if self.allow_empty:
+            return []
+        raise empty_error("vector store" + self._empty_hint)
+
     def _hits(self, query: str | np.ndarray, k: Any, flt: Any, query_token_count: int | None) -> list[Hit]:
         """The index's blended top-``k`` (``k`` clamped to the store's size); call under the read lock."""
         k = check_k(k)
         for attempt in range(3):
             n = len(self.index)
             if n == 0:
-                if self.allow_empty:
-                    return []
-                raise empty_error("vector store" + self._empty_hint)
+                return self._empty_result()
             kk = min(k, n)
             try:
                 return self.index.search(query, kk, filter=flt, query_token_count=query_token_count)
@@ -375,11 +380,14 @@ class NormRankVectorStore(VectorStore):
 
     def _scored(self, query: str | None, vector: Sequence[float] | None, k: Any, flt: Any,
                 query_token_count: int | None, score_threshold: float | None) -> list[Hit]:
+        check_k(k)
+        if len(self.index) == 0:  # no embedding call (maybe paid) for an empty store
+            return self._empty_result()
+        if vector is None:
+            q, count = self._query(query)  # type: ignore[arg-type]
+        else:
+            q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
         with self._rw.read():
-            if vector is None:
-                q, count = self._query(query)  # type: ignore[arg-type]
-            else:
-                q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
             hits = self._hits(q, k, flt, count)
         if score_threshold is not None:
             hits = [h for h in hits if blended_relevance(h.score) >= score_threshold]
@@ -433,11 +441,13 @@ class NormRankVectorStore(VectorStore):
         fetch_k = check_k(fetch_k, "fetch_k")
         if isinstance(lambda_mult, bool) or not isinstance(lambda_mult, (int, float)) or not 0 <= lambda_mult <= 1:
             raise InvalidArgumentError(f"lambda_mult must be a number in [0, 1], got {lambda_mult!r}")
+        if len(self.index) == 0:
+            return self._empty_result()
+        if vector is None:
+            q, count = self._query(query)  # type: ignore[arg-type]
+        else:
+            q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
         with self._rw.read():
-            if vector is None:
-                q, count = self._query(query)  # type: ignore[arg-type]
-            else:
-                q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
             hits = self._hits(q, max(k, fetch_k), flt, count)
             if len(hits) <= 1:
                 return hits[:k]
