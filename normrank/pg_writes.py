@@ -29,6 +29,9 @@ from normrank.pg_state import COLUMN_SCALE, MAX_DIM, MAX_HNSW_DIM, PgIndexType, 
 from normrank.scoring import Weights, doc_column
 from normrank.store import _check_ids
 
+#: Longest id accepted (UTF-8 bytes): the primary-key btree refuses entries much beyond 2.7 kB.
+MAX_ID_BYTES = 2048
+
 
 class PgWriteMixin:
     """Writes of a pgvector table (mixed into ``PgVectorNormIndex``, which supplies ``_run`` and the state)."""
@@ -62,6 +65,10 @@ class PgWriteMixin:
         out = self._batch_ids(ids, n)
         if ids is None:
             return out
+        for i, x in enumerate(out):
+            if len(x) * 4 > MAX_ID_BYTES and len(x.encode("utf-8")) > MAX_ID_BYTES:
+                raise InvalidArgumentError(f"id {i} is {len(x.encode('utf-8')):,} bytes long; the pgvector backend "
+                                           f"takes ids of at most {MAX_ID_BYTES:,} bytes (its primary-key index)")
 
         def body(c: Any) -> None:
             if not self._exists:

@@ -113,6 +113,8 @@ def test_bad_text_nul_nan_and_deep_metadata_refused_table_unchanged(pg_dsn, tabl
         pg.add_texts(["fine"], ids=["t1"], metadatas=[{"a": "\x00"}])
     with pytest.raises(InvalidIdError):
         pg.add_vectors(*one, ids=[""])
+    with pytest.raises(InvalidArgumentError, match="at most 2,048 bytes"):  # the primary key's btree limit
+        pg.add_vectors(*one, ids=["é" * 1500])
     assert _dump(pg_dsn, table) == before
 
     # Filters and lookups: named errors, not psycopg's DataError / UnicodeEncodeError.
