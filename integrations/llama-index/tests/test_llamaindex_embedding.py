@@ -146,6 +146,10 @@ async def test_retriever_on_an_empty_config_index_fails_loudly(tmp_path):
         retriever = NormRankRetriever.from_config({"store": {"path": str(tmp_path / "nothing-here")}})
     with pytest.raises(EmptyCorpusError):
         await retriever.aretrieve("anything")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        allowed = NormRankRetriever.from_config({"store": {"path": str(tmp_path / "nothing-here")}}, allow_empty=True)
+    assert await allowed.aretrieve("anything") == []
 
 
 def test_retriever_explanation_never_overwrites_user_keys(encoder, caplog):

@@ -167,16 +167,19 @@ class NormRankRetriever(BaseRetriever):
         source: str | os.PathLike[str] | Mapping[str, Any] | NormRankConfig,
         *,
         documents: Sequence[BaseNode] | None = None,
+        allow_empty: bool = False,
     ) -> NormRankRetriever:
         """Build from a ``normrank.yaml`` (path or dict): the index at ``store.path`` or a new one.
 
-        ``documents``, if given, are added; ``similarity_top_k`` is ``llamaindex.similarity_top_k``.
+        ``documents``, if given, are added; ``similarity_top_k`` is ``llamaindex.similarity_top_k``. With no
+        documents and nothing at ``store.path`` the index is empty: a warning says so at once, and retrieving
+        raises, unless ``allow_empty=True``.
         """
         config = load_config(source)
         index = build_index(config)
         if documents:
             add_nodes(index, documents)
-        return cls(index, config.llamaindex.similarity_top_k)
+        return cls(index, config.llamaindex.similarity_top_k, allow_empty=allow_empty)
 
     # ------------------------------------------------------------ retrieval
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
