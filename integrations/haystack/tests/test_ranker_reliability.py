@@ -135,6 +135,15 @@ def test_every_encoder_setting_round_trips_through_pipeline_dumps(encoder, ids, 
     assert [s for _, s in mean] != pytest.approx([s for _, s in want], abs=1e-4)  # pooling matters
 
 
+def test_yaml_encoder_settings_reach_to_dict():
+    ranker = NormRankRanker.from_config({"encoder": {"pooling": "norm2", "batch_size": 8, "max_seq_length": 64},
+                                         "haystack": {"calibration": "candidates"}})
+    params = ranker.to_dict()["init_parameters"]
+    assert (params["pooling"], params["batch_size"], params["max_seq_length"]) == ("norm2", 8, 64)
+    again = NormRankRanker.from_dict(ranker.to_dict())
+    assert isinstance(again.encoder, PooledEncoder) and again.encoder.pooling == "norm2"
+
+
 def test_old_type_name_and_import_path_still_load(encoder):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
