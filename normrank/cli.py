@@ -48,7 +48,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if report.accepted:
         print(f"verdict: the norm blend helps here: {_blend_str(report.weights)}; {report.reason}")
     else:
-        print(f"verdict: plain cosine kept ({report.reason}). normrank never adopts a blend that held-out "
+        why = report.reason.removeprefix("kept plain cosine: ")
+        print(f"verdict: plain cosine kept ({why}). normrank never adopts a blend that held-out "
               "queries do not confirm; on your data, measure with `normrank eval` or `normrank fit`.")
 
     qids = list(qrels)
