@@ -565,3 +565,31 @@ def test_the_same_store_over_pgvector(encoder, embed, docs, vectors, reference):
         pg.drop()
     finally:
         server.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------- LlamaIndex's document life cycle
+@pytest.mark.asyncio
+async def test_insert_delete_update_and_refresh_documents_through_the_index(encoder, embed):
+    texts = ["Insulin lowers blood sugar.", "The Nile flows north.", "Rome fell in 476.",
+             "Bees make honey from nectar.", "Light travels fast in a vacuum."]
+    docs = [Document(text=t, id_=f"d{i}") for i, t in enumerate(texts)]
+    store = NormRankVectorStore(encoder=encoder)
+    index = VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store),
+                                            embed_model=embed)
+
+    def top(q: str) -> str:
+        return index.as_retriever(similarity_top_k=1).retrieve(q)[0].node.ref_doc_id
+
+    index.insert(Document(text="Volcanoes erupt molten lava.", id_="lava"))
+    assert top("eruption of a volcano") == "lava"
+    index.delete_ref_doc("lava")
+    assert "lava" not in {n.ref_doc_id for n in store.get_nodes()}
+    index.update_ref_doc(Document(text="Glaciers carve deep valleys.", id_="d0"))
+    assert top("ice sheets shaping valleys") == "d0" and len(store.index) == len(texts)
+    changed = index.refresh_ref_docs([Document(text="Bees make honey from nectar.", id_="d3"),
+                                      Document(text="Owls hunt at night.", id_="d2")])
+    assert changed == [False, True] and top("nocturnal birds") == "d2" and len(store.index) == len(texts)
+    await index.ainsert(Document(text="Sourdough bread rises slowly.", id_="bread"))
+    assert (await index.as_retriever(similarity_top_k=1).aretrieve("baking bread"))[0].node.ref_doc_id == "bread"
+    await index.adelete_ref_doc("bread")
+    assert "bread" not in {n.ref_doc_id for n in store.get_nodes()}
