@@ -118,6 +118,8 @@ class NormRankRetriever(BaseRetriever):
             if embedding is not None:
                 raise InvalidArgumentError("from_texts: embeddings given twice")
             metadatas, embedding = None, metadatas
+            if ids is not None and not isinstance(ids, str) and all(isinstance(m, Mapping) for m in ids):
+                metadatas, ids = ids, None  # from_texts(texts, embeddings, metadatas), the VectorStore order
         encoder = _encoder_from(embedding, encoder, "from_texts")
         metas = list(metadatas) if metadatas is not None else None
         if metas is not None:

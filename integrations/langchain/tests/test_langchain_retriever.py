@@ -180,8 +180,10 @@ def test_vectorstore_style_calls_work_or_name_the_way(index, encoder):
     with pytest.raises(InvalidArgumentError, match="unknown argument"):
         retriever.invoke(q, top_k=2)
     texts = ["alpha particles", "beta decay", "gamma rays"]
-    built = NormRankRetriever.from_texts(texts, NormRankEmbeddings(encoder=encoder), k=1)
-    assert built.invoke("beta decay")[0].page_content == "beta decay"
+    built = NormRankRetriever.from_texts(texts, NormRankEmbeddings(encoder=encoder), [{"n": i} for i in range(3)],
+                                         k=1)
+    [doc] = built.invoke("beta decay")
+    assert doc.page_content == "beta decay" and doc.metadata["n"] == 1
     docs = [Document(page_content=t) for t in texts]
     assert NormRankRetriever.from_documents(docs, NormRankEmbeddings(encoder=encoder), k=1).invoke(
         "gamma rays")[0].page_content == "gamma rays"
