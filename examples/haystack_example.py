@@ -17,4 +17,5 @@ pipe.add_component("rerank", NormRankRanker(top_k=2, weights={"a": 0.02}))
 pipe.connect("bm25.documents", "rerank.documents")
 query = "How do plants turn light into energy?"
 for doc in pipe.run({"bm25": {"query": query}, "rerank": {"query": query}})["rerank"]["documents"]:
-    print(f"{doc.score:.3f} (cos {doc.meta['cosine']:.3f}, bm25 {doc.meta['retrieval_score']:.2f})  {doc.content}")
+    why = doc.meta["normrank"]  # score, cosine, norm_feature, weight, norm, retrieval_score
+    print(f"{doc.score:.3f} (cos {why['cosine']:.3f}, bm25 {why['retrieval_score']:.2f})  {doc.content}")
