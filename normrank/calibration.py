@@ -57,6 +57,29 @@ class NormCalibrator:
     resid_scale: float = 1.0
     n_fitted: int = 0
 
+    def __post_init__(self) -> None:
+        """Refuse settings out of range and broken fitted numbers (a tampered state.json) when made."""
+        from normrank._validation import check_option
+
+        self.max_bins = check_option("max_bins", self.max_bins)
+        self.min_per_bin = check_option("min_per_bin", self.min_per_bin)
+        if isinstance(self.n_fitted, bool) or not isinstance(self.n_fitted, (int, np.integer)) or self.n_fitted < 0:
+            raise InvalidArgumentError(f"n_fitted must be a whole number >= 0, got {self.n_fitted!r}")
+        self.n_fitted = int(self.n_fitted)
+        try:
+            xs = np.asarray(self.knots_x, dtype=np.float64)
+            ys = np.asarray(self.knots_y, dtype=np.float64)
+            scalars = np.asarray([self.raw_center, self.raw_scale, self.resid_center, self.resid_scale],
+                                 dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"calibration numbers must be finite floats: {exc}") from None
+        if xs.ndim != 1 or xs.shape != ys.shape or not (np.isfinite(xs).all() and np.isfinite(ys).all()
+                                                        and np.isfinite(scalars).all()):
+            raise InvalidArgumentError("calibration knots must be two equally long lists of finite numbers, "
+                                       "and its centres and scales finite")
+        if self.raw_scale <= 0 or self.resid_scale <= 0:
+            raise InvalidArgumentError("calibration scales must be positive")
+
     @property
     def is_fitted(self) -> bool:
         return self.n_fitted > 0
@@ -129,6 +152,8 @@ class NormCalibrator:
             return cls(**data)
         except TypeError as exc:
             raise IndexFormatError(f"calibration data has unexpected fields: {exc}") from exc
+        except InvalidArgumentError as exc:
+            raise IndexFormatError(f"calibration data is invalid: {exc}") from exc
 
     def save(self, path: str | os.PathLike[str]) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2))

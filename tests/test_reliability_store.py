@@ -578,3 +578,20 @@ def test_yaml_options_use_the_same_range_table(tmp_path, yaml_text, message):
     cfg.write_text(yaml_text)
     with pytest.raises(ConfigError, match=message):
         load_config(cfg)
+
+
+def test_calibration_settings_and_a_tampered_calibration_are_named(tmp_path):
+    from normrank.calibration import NormCalibrator
+
+    assert NormCalibrator(max_bins=np.int64(6)).max_bins == 6
+    with pytest.raises(InvalidArgumentError, match=r"max_bins must be in \[1, 1000\], got 0"):
+        NormCalibrator(max_bins=0)
+    with pytest.raises(InvalidArgumentError, match="min_per_bin must be an integer"):
+        NormCalibrator(min_per_bin=2.5)
+    index, _, _ = make(n=60)
+    folder = index.save(tmp_path / "idx")
+    state = json.loads((folder / "state.json").read_text())
+    state["calibrator"]["knots_y"][0] = float("nan")
+    _rewrite(folder, "state.json", json.dumps(state).encode())
+    with pytest.raises(IndexFormatError, match="calibration data is invalid: calibration knots must be"):
+        NormIndex.load(tmp_path / "idx")
