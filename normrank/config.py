@@ -15,13 +15,23 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from normrank.errors import ConfigError
 
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _in_range(cls, value: Any, info: ValidationInfo) -> Any:
+        """Every numeric option against the one range table (normrank._validation.OPTION_RANGES)."""
+        from normrank._validation import OPTION_RANGES, check_option
+
+        if info.field_name in OPTION_RANGES and value is not None:
+            return check_option(info.field_name, value)  # InvalidArgumentError is a ValueError: pydantic names it
+        return value
 
 
 class EncoderConfig(_Section):
@@ -81,6 +91,12 @@ class StoreConfig(_Section):
     nlist: int = Field(256, gt=0)
     nprobe: int = Field(16, gt=0)
 
+    def __repr_args__(self) -> Any:  # repr/str of the config never show the DSN's password
+        from normrank.pg_connection import redact
+
+        for key, value in super().__repr_args__():
+            yield key, (redact(value) if key == "dsn" and isinstance(value, str) else value)
+
     @model_validator(mode="after")
     def _pgvector_index_types(self) -> StoreConfig:
         if self.backend == "pgvector" and self.index_type == "ivf":
@@ -121,7 +137,7 @@ class LangChainConfig(_Section):
 
 class LlamaIndexConfig(_Section):
     top_n: int = Field(5, gt=0, description="Nodes the postprocessor keeps.")
-    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in metadata['retrieval_score'].")
+    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in metadata['normrank']['retrieval_score'].")
     similarity_top_k: int = Field(10, gt=0, description="Nodes the first-stage NormRankRetriever returns.")
     calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
     cache_size: int = Field(10_000, ge=0, description="Node vectors kept in memory (by node id + content hash).")
@@ -129,7 +145,7 @@ class LlamaIndexConfig(_Section):
 
 class HaystackConfig(_Section):
     top_k: int = Field(10, gt=0, description="Documents the ranker returns.")
-    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in meta['retrieval_score'].")
+    keep_retrieval_score: bool = Field(True, description="Keep the incoming score in meta['normrank']['retrieval_score'].")
     calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
     cache_size: int = Field(10_000, ge=0, description="Document vectors kept in memory (by id + content hash).")
 
@@ -172,6 +188,16 @@ MAX_CONFIG_BYTES = 1 << 20
 
 def _short(value: Any) -> str:
     """``repr(value)`` cut to :data:`MAX_ECHO` characters: an error never echoes unbounded input."""
+    from normrank.pg_connection import redact
+
+    def masked(v: Any, depth: int = 0) -> Any:  # a DSN's password is never echoed, not even cut short
+        if isinstance(v, str):
+            return redact(v)
+        if isinstance(v, dict) and depth < 3:
+            return {k: masked(x, depth + 1) for k, x in v.items()}
+        return v
+
+    value = masked(value)
     r = reprlib.Repr()
     r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = MAX_ECHO, MAX_ECHO, 6, 6, 3
     try:
