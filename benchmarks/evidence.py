@@ -513,9 +513,10 @@ def run(args: argparse.Namespace, encoder=None) -> Evidence:
     _fill_sign_words(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    plots = _plots(out, words, enc_w, z, spec_detail, chaos_plot, rows)
+    sfx = f"_{args.label}" if getattr(args, "label", "") else ""
+    plots = _plots(out, words, enc_w, z, spec_detail, chaos_plot, rows, sfx, _model_name(encoder))
     ev = Evidence(rows, notes, sanity, plots)
-    (out / "evidence.md").write_text(render(ev, spec_detail, args, n_boot, encoder), encoding="utf-8")
+    (out / f"evidence{sfx}.md").write_text(render(ev, spec_detail, args, n_boot, encoder), encoding="utf-8")
     return ev
 
 
@@ -535,7 +536,8 @@ def _fill_sign_words(rows: list[Row]) -> None:
 
 
 # --------------------------------------------------------------------------- output
-def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: list[Row]) -> list[Path]:
+def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: list[Row], sfx: str = "",
+           model: str = "all-MiniLM-L6-v2") -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -556,7 +558,7 @@ def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: l
         a.set(xlabel="Zipf frequency (wordfreq)", ylabel=lab, title=f"{lab} vs frequency")
         a.legend(markerscale=3, fontsize=8)
     fig.tight_layout()
-    paths.append(_save(fig, out / "evidence_frequency.png"))
+    paths.append(_save(fig, out / f"evidence_frequency{sfx}.png"))
 
     # 2. specificity: direction accuracy with intervals per dataset and predictor
     if spec_detail:
@@ -574,7 +576,7 @@ def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: l
               title="Hypernym direction: which predictor picks the hyponym?")
         a.legend(fontsize=8, loc="lower right")
         fig.tight_layout()
-        paths.append(_save(fig, out / "evidence_specificity.png"))
+        paths.append(_save(fig, out / f"evidence_specificity{sfx}.png"))
 
     # 3. uncertainty: binned means only (ChaosNLI is CC BY-NC: no per-item points)
     if chaos_plot:
@@ -594,7 +596,7 @@ def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: l
                   ylabel="length-controlled norm (bin mean)", title="NLI items: norm vs label entropy")
         ax[1].legend(fontsize=8)
         fig.tight_layout()
-        paths.append(_save(fig, out / "evidence_uncertainty.png"))
+        paths.append(_save(fig, out / f"evidence_uncertainty{sfx}.png"))
 
     # summary forest plot of the length-controlled statistics
     rows = [r for r in rows if not r.detail_only]
@@ -608,9 +610,9 @@ def _plots(out: Path, words, enc_w: Encoded, z, spec_detail, chaos_plot, rows: l
     a.set_yticks(range(len(rows)), [f"{r.claim[2:]}: {r.dataset.strip()}"[:70] for r in rows], fontsize=8)
     a.invert_yaxis()
     a.set(xlabel="Spearman rho (or direction accuracy minus 0.5)\no = length-controlled, 95% CI; x = raw norm",
-          title="Evidence summary (all-MiniLM-L6-v2)")
+          title=f"Evidence summary ({model})")
     fig.tight_layout()
-    paths.append(_save(fig, out / "evidence_summary.png"))
+    paths.append(_save(fig, out / f"evidence_summary{sfx}.png"))
     return paths
 
 
@@ -632,21 +634,29 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _model_name(encoder) -> str:
+    from normrank.encoders import default_model_path
+
+    name = str(encoder.model_name)
+    return "all-MiniLM-L6-v2" if name == str(default_model_path()) else Path(name).name
+
+
 def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_boot: int, encoder) -> str:
     """The Markdown report."""
+    sfx = f"_{args.label}" if getattr(args, "label", "") else ""
     now = _dt.datetime.now().strftime("%Y-%m-%d")
     from normrank.encoders import DEFAULT_MODEL_PACKAGE, default_model_path
 
     model = (f"all-MiniLM-L6-v2 (bundled by {DEFAULT_MODEL_PACKAGE})"
              if encoder.model_name == str(default_model_path()) else encoder.model_name)
     lines = [
-        "# Evidence: what the raw embedding norm of all-MiniLM-L6-v2 tracks",
+        f"# Evidence: what the raw embedding norm of {_model_name(encoder)} tracks",
         "",
         f"Measured {now} on {platform.machine()} / {platform.system()} ({os.cpu_count()} cores shared), "
         f"Python {platform.python_version()}, model {model} (raw, pre-`Normalize` vectors via "
         f"`normrank.RawEncoder`), {n_boot} bootstrap resamples, seed {args.seed}"
         + (", **tiny run (a smoke test, not evidence)**" if args.tiny else "") + ".",
-        "Regenerate: `python benchmarks/evidence.py` (about 1 minute of CPU with a warm encoding cache, "
+        f"Regenerate: `python benchmarks/evidence.py{' --model ' + args.label if sfx else ''}` (about 1 minute of CPU with a warm encoding cache, "
         "about 4 more to encode the ~16k words and sentences the first time).",
         "",
         "Length control = `NormCalibrator`'s `calibrated` feature fitted on each measured set: the residual "
@@ -666,7 +676,7 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
         raw, ctl = r.cells()
         lines.append(f"| {r.claim} | {r.dataset.strip()} | {r.n} | {r.statistic} | {raw} | {ctl} | "
                      f"{r.sign_words} | {r.verdict} |")
-    lines += ["", "![summary](evidence_summary.png)", "", "## Conclusions", "", *conclusions(ev), ""]
+    lines += ["", f"![summary](evidence_summary{sfx}.png)", "", "## Conclusions", "", *conclusions(ev), ""]
 
     lines += ["## 1. Frequency", "",
               "Zipf frequency from the `wordfreq` package; words are an even sample over the ranks of "
@@ -675,7 +685,7 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
     lines += [f"- {k}: {v:+.3f}" for k, v in ev.sanity.items() if k.startswith("frequency")]
     if "single" in ev.notes:
         lines.append(f"- {ev.notes['single']}")
-    lines += ["", "![frequency](evidence_frequency.png)", ""]
+    lines += ["", f"![frequency](evidence_frequency{sfx}.png)", ""]
 
     lines += ["## 2. Specificity", "",
               "Hypernym direction: for each (hyponym, hypernym) pair labelled `True hyper`, does the "
@@ -713,7 +723,7 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
         lines += [_detail_table(wn_rows), ""]
         lines += [f"- {k}: {v:+.3f}" for k, v in ev.sanity.items() if k.startswith("wordnet")]
     if spec_detail:
-        lines += ["", "![specificity](evidence_specificity.png)", ""]
+        lines += ["", f"![specificity](evidence_specificity{sfx}.png)", ""]
 
     lines += ["## 3. Uncertainty", "",
               "Concreteness: a seeded sample of single words from Brysbaert, Warriner & Kuperman (2014); "
@@ -727,8 +737,8 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
     for key in ("concreteness", "chaosnli"):
         if key in ev.notes:
             lines.append(f"- {ev.notes[key]}")
-    if any(p.name == "evidence_uncertainty.png" for p in ev.plots):
-        lines += ["", "![uncertainty](evidence_uncertainty.png)", ""]
+    if any(p.name == f"evidence_uncertainty{sfx}.png" for p in ev.plots):
+        lines += ["", f"![uncertainty](evidence_uncertainty{sfx}.png)", ""]
 
     lines += ["## Method notes", "",
               "- Spearman CIs: percentile bootstrap over items (words, sentences). Partial Spearman: "
@@ -832,6 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=None, help="bootstrap resamples (default 1000; tiny 100)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--wordnet", default=None, help=f"WordNet 3.0 dict folder (default {DEFAULT_WORDNET})")
+    p.add_argument("--model", default=None, help="minilm (default, bundled), mpnet (all-mpnet-base-v2 via "
+                   "benchmarks/models.py) or a model folder; other than the default writes evidence_<label>.*")
     return p
 
 
@@ -849,11 +861,23 @@ def main(argv: Sequence[str] | None = None, encoder=None) -> int:
     if not Path(args.data).is_dir():
         print(f"error: lexical data folder {args.data} does not exist", file=sys.stderr)
         return 1
+    args.label = ""
+    if args.model and encoder is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("normrank_bench_models", Path(__file__).parent / "models.py")
+        models = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = models
+        spec.loader.exec_module(models)
+        path, args.label, _ = models.resolve(args.model)
+        from normrank.encoders import RawEncoder
+
+        encoder = RawEncoder(path, show_progress=False)
     ev = run(args, encoder)
     for r in ev.rows:
         raw, ctl = r.cells()
         print(f"{r.claim:14} {r.dataset.strip()[:44]:44} n={r.n:5d} raw {raw:24} ctl {ctl:24} {r.verdict}")
-    print(f"wrote {Path(args.out) / 'evidence.md'}")
+    print(f"wrote {Path(args.out) / ('evidence' + ('_' + args.label if args.label else '') + '.md')}")
     return 0
 
 

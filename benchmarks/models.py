@@ -275,8 +275,6 @@ def _rows(results_dir: Path) -> list[dict]:
     """One row per (model, collection) from every ``quality[_<label>].json`` in ``results_dir``."""
     out = []
     for path in sorted(results_dir.glob("quality*.json")):
-        if path.name.startswith("quality_tiny"):
-            continue
         data = json.loads(path.read_text())
         if data.get("meta", {}).get("tiny"):
             continue

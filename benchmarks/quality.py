@@ -307,6 +307,19 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def load_models_script() -> Any:
+    """benchmarks/models.py (a script beside this one, not a package module)."""
+    import importlib.util
+
+    name = "normrank_bench_models"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, HERE / "models.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=default_data_dir(), help="folder of BEIR collections")
@@ -314,8 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results", help="where quality.md and the PNGs go")
     ap.add_argument("--tiny", action="store_true", help="a 200-document slice of one collection (smoke test)")
     ap.add_argument("--folds", type=int, default=None, help="force k-fold CV everywhere")
+    ap.add_argument("--model", default=None, help="minilm (default, the bundled all-MiniLM-L6-v2), mpnet "
+                    "(all-mpnet-base-v2, fetched by benchmarks/models.py) or a model folder; a model other than "
+                    "the default writes quality_<label>.md/.json/_<collection>_<label>.png")
     args = ap.parse_args(argv)
-    encoder = RawEncoder(show_progress=False)
+    model_path, label, model_name = load_models_script().resolve(args.model)
+    suffixed = load_models_script().suffixed
+    encoder = RawEncoder(model_path, show_progress=False)
     tmp = None
     if args.data is None or not Path(args.data).is_dir():
         if not args.tiny:
@@ -338,13 +356,22 @@ def main(argv: list[str] | None = None) -> int:
         results.append(run_collection(p, encoder, folds=args.folds))
         print(f"[quality] {p.name}: {summary(results[-1])}", file=sys.stderr, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": dt.date.today().isoformat(), "machine": machine(), "model": "all-MiniLM-L6-v2 (raw, bundled)",
+    meta = {"date": dt.date.today().isoformat(), "machine": machine(),
+            "model": f"{model_name} (raw{', bundled' if not label else ''}, {encoder.dim}-d)",
             "tiny": "1" if args.tiny else ""}
-    (args.out / "quality.md").write_text(markdown(results, meta), encoding="utf-8")
+    json_path = args.out / suffixed("quality.json", label)
+    if json_path.is_file() and not args.tiny:  # keep the collections of earlier runs of this model
+        try:
+            before = json.loads(json_path.read_text())["results"]
+        except (ValueError, KeyError):
+            before = []
+        done = {r["name"] for r in results}
+        results = sorted([r for r in before if r["name"] not in done] + results, key=lambda r: r["name"])
+    (args.out / suffixed("quality.md", label)).write_text(markdown(results, meta), encoding="utf-8")
     for res in results:
-        plot(res, args.out / f"quality_{res['name']}.png")
-    (args.out / "quality.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
-    print(f"[quality] wrote {args.out / 'quality.md'}", file=sys.stderr)
+        plot(res, args.out / suffixed(f"quality_{res['name']}.png", label))
+    json_path.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    print(f"[quality] wrote {args.out / suffixed('quality.md', label)}", file=sys.stderr)
     if tmp is not None:
         tmp.cleanup()
     return 0

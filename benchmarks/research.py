@@ -242,8 +242,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def families() -> dict[str, tuple[list[dict[str, Any]], Scorer, str]]:
-    """name -> (params with the cosine null first, scorer, description)."""
+def families(dim: int = 384) -> dict[str, tuple[list[dict[str, Any]], Scorer, str]]:
+    """name -> (params with the cosine null first, scorer, description); ``dim`` is the model's (for vMF)."""
     null: dict[str, Any] = {"null": True}
     fam: dict[str, tuple[list[dict[str, Any]], Scorer, str]] = {}
 
@@ -284,7 +284,7 @@ def families() -> dict[str, tuple[list[dict[str, Any]], Scorer, str]]:
         "cos + a1 g_cal + a2 g_raw + a3 z(log length)")
 
     def vmf(feat: str) -> Scorer:
-        return lambda pr, c: c.cos if pr.get("null") else vmf_score(c.cos, pr["k0"] * np.exp(pr["lam"] * c.g[feat]))
+        return lambda pr, c: c.cos if pr.get("null") else vmf_score(c.cos, pr["k0"] * np.exp(pr["lam"] * c.g[feat]), dim)
 
     for feat in ("calibrated", "raw"):
         fam[f"vmf:{feat}"] = ([null] + [{"k0": k0, "lam": lam} for k0 in (50.0, 200.0, 500.0, 2000.0)
@@ -664,22 +664,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a fast smoke run on 300 cranfield documents")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--report", action="store_true", help="only rewrite research.md and plots from research.json")
+    ap.add_argument("--model", default=None, help="minilm (default, bundled), mpnet (all-mpnet-base-v2 via "
+                    "benchmarks/models.py) or a model folder; other than the default writes research_<label>.*")
     args = ap.parse_args(argv)
+    models = _models_script()
+    model_path, label, model_name = (None, "", "all-MiniLM-L6-v2") if args.report and not args.model \
+        else models.resolve(args.model)
+    sfx = f"_{label}" if label else ""
     if args.report:
-        write_markdown(json.loads((args.out / "research.json").read_text()), args.out)
+        write_markdown(json.loads((args.out / f"research{sfx}.json").read_text()), args.out, label)
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from normrank.encoders import RawEncoder
 
-    enc = RawEncoder(show_progress=False)
+    enc = RawEncoder(model_path, show_progress=False)
     if args.tiny:
         args.collections = ["cranfield"]
         args.stages = [s for s in args.stages if s != "pooling"]
     args.out.mkdir(parents=True, exist_ok=True)
-    json_path = args.out / ("research_tiny.json" if args.tiny else "research.json")
+    json_path = args.out / (f"research_tiny{sfx}.json" if args.tiny else f"research{sfx}.json")
     results: dict[str, Any] = json.loads(json_path.read_text()) if json_path.is_file() else {}
     results.setdefault("conditions", {})
-    results["conditions"].update({"model": "all-MiniLM-L6-v2 (bundled), raw vectors", "depth": DEPTH,
+    results["conditions"].update({"model": f"{model_name} ({'bundled, ' if not label else ''}{enc.dim}-d), "
+                                           "raw vectors", "depth": DEPTH,
                                   "folds": FOLDS, "seed": SEED, "clip": CLIP,
                                   "protocol": "scifact: fit on train qrels, score test; cranfield/cisi: 5-fold CV"})
     for name in args.collections:
@@ -699,8 +706,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = disk
         logger.info("%s done in %.0fs", name, time.time() - t0)
     if not args.tiny:
-        write_markdown(results, args.out)
+        write_markdown(results, args.out, label)
     return 0
+
+
+def _models_script() -> Any:
+    """benchmarks/models.py (a script beside this one, not a package module)."""
+    import importlib.util
+
+    name = "normrank_bench_models"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / "models.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 def _jsonable(x: Any) -> Any:
@@ -799,7 +819,7 @@ LIB_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def stage_rerank(p: Prepared, enc: Any, args: Any) -> dict[str, Any]:
-    return run_rerank(p, families(), RULES, LIB_CONFIGS)
+    return run_rerank(p, families(int(p.doc_unit.shape[1])), RULES, LIB_CONFIGS)
 
 
 STAGES: dict[str, Callable[[Prepared, Any, Any], dict[str, Any]]] = {
@@ -813,19 +833,28 @@ def _fmt(r: dict[str, Any]) -> str:
     return f"{star}{r['gain']:+.4f}{star} (p={r['p']:.2g}, {r['up']}↑/{r['down']}↓)"
 
 
-def write_markdown(results: dict[str, Any], out: Path) -> None:
-    """Tables of every variant, then plots; the narrative lives in NOTES (written from these numbers)."""
+def write_markdown(results: dict[str, Any], out: Path, label: str = "") -> None:
+    """Tables of every variant, then plots; the narrative lives in NOTES (written from these numbers).
+
+    ``label`` names a model other than the bundled MiniLM: its files get the suffix
+    (``research_mpnet.md``) and NOTES, which were written from MiniLM's numbers, are left out."""
     colls = [c for c in COLLECTIONS if c in results and "rerank" in results[c]]
-    L: list[str] = ["# Research: where the norm signal pays (issue 7)", "",
-                    "Generated by `python benchmarks/research.py` (re-runnable; encodings from the normrank cache).",
+    model = results.get("conditions", {}).get("model", "")
+    L: list[str] = [f"# Research: where the norm signal pays (issue 7){' — ' + model if label else ''}", "",
+                    "Generated by `python benchmarks/research.py"
+                    + (f" --model {label}" if label else "") + "` (re-runnable; encodings from the normrank cache).",
                     "", "Conditions: " + "; ".join(f"{k}: {v}" for k, v in results.get("conditions", {}).items()),
                     "", "Every number is nDCG@10 (pytrec_eval) on queries never used for fitting: "
                     "scifact fits on its 809 train queries and is scored on the 300 test queries; cranfield (225) "
                     "and cisi (76) use 5-fold cross-validation with the grid choice and the query calibration "
                     "fitted inside each fold. Gains are against cosine on the same queries; p is a two-sided "
                     "paired t-test; ↑/↓ count queries that went up/down. **Bold** = p < 0.05 (either sign).", ""]
-    L += NOTES.splitlines() + ["", "Plots: `research_forms.png` (every form, fitted and oracle), "
-                                  "`research_qpp_pruning.png` (predictors; pruning vs random).", ""]
+    sfx = f"_{label}" if label else ""
+    L += (NOTES.splitlines() if not label else
+          ["The conclusions of `research.md` were written from all-MiniLM-L6-v2's numbers; this file holds the "
+           "same tables for another model (see `models.md` for the side-by-side summary)."])
+    L += ["", f"Plots: `research_forms{sfx}.png` (every form, fitted and oracle), "
+              f"`research_qpp_pruning{sfx}.png` (predictors; pruning vs random).", ""]
     if colls:
         L += ["## 1. Summary", "", "| | " + " | ".join(colls) + " | mean gain |", "|---" * (len(colls) + 2) + "|"]
         L.append("| cosine nDCG@10 | " + " | ".join(f"{results[c]['rerank']['cosine']:.4f}" for c in colls) + " | |")
@@ -933,11 +962,11 @@ def write_markdown(results: dict[str, Any], out: Path) -> None:
             acc = sum(1 for f in r["fits"] if f["accepted"])
             L.append(f"| {c} | {r['cosine']:.4f} | {r['ndcg']:.4f} | {_fmt(r)} | {acc}/{len(r['fits'])} |")
         L.append("")
-    (out / "research.md").write_text("\n".join(L) + "\n")
-    _plots(results, out)
+    (out / f"research{sfx}.md").write_text("\n".join(L) + "\n")
+    _plots(results, out, sfx)
 
 
-def _plots(results: dict[str, Any], out: Path) -> None:
+def _plots(results: dict[str, Any], out: Path, sfx: str = "") -> None:
     try:
         import matplotlib
 
@@ -965,7 +994,7 @@ def _plots(results: dict[str, Any], out: Path) -> None:
     ax.set_title("Norm-aware forms, argmax fit (bars) and oracle ceiling (black ticks); raw dot: -0.04 to -0.13")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / "research_forms.png", dpi=110)
+    fig.savefig(out / f"research_forms{sfx}.png", dpi=110)
     plt.close(fig)
     qc = [c for c in COLLECTIONS if "qpp" in results.get(c, {}) and "prune" in results.get(c, {})]
     if not qc:
@@ -994,7 +1023,7 @@ def _plots(results: dict[str, Any], out: Path) -> None:
     a2.set_title("Pruning by the calibrated feature vs at random")
     a2.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "research_qpp_pruning.png", dpi=110)
+    fig.savefig(out / f"research_qpp_pruning{sfx}.png", dpi=110)
     plt.close(fig)
 
 

@@ -119,3 +119,49 @@ def test_single_model_keeps_the_single_report_and_writes_a_png(demo_beir, tmp_pa
     res = json.loads(capsys.readouterr().out)
     assert set(res["runs"]) == {"cosine", "bm25", "rawdot", "normrank"} and "models" not in res
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# ------------------------------------------------------------------ the benchmark scripts' --model
+def _bench(name: str):
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parent.parent / "benchmarks"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_models_test", root / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_quality_with_a_model_folder_writes_labelled_files_and_the_table_reads_them(
+        data_dir, tiny_model, tmp_path, monkeypatch):
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    quality, models = _bench("quality"), _bench("models")
+    assert quality.main(["--tiny", "--data", str(data_dir), "--collections", "cranfield", "--out", str(tmp_path),
+                         "--model", str(tiny_model)]) == 0
+    assert not (tmp_path / "quality.md").exists()  # the default model's files are left alone
+    md = (tmp_path / "quality_tiny-bert.md").read_text()
+    assert "tiny-bert (raw, 32-d)" in md and "| cranfield-tiny | normrank |" in md
+    assert (tmp_path / "quality_cranfield-tiny_tiny-bert.png").read_bytes()[:4] == b"\x89PNG"
+    # the per-model table: a non-tiny copy of that json, as a full run writes it
+    data = json.loads((tmp_path / "quality_tiny-bert.json").read_text())
+    data["meta"]["tiny"] = ""
+    (tmp_path / "quality_tiny-bert.json").write_text(json.dumps(data))
+    table = models.write_table(tmp_path).read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| tiny-bert | cranfield-tiny |"))
+    nr = next(r for r in data["results"][0]["rows"] if r["run"] == "normrank")
+    assert f"{nr['ndcg@10']:.4f}" in row and f"{nr['t_ndcg']['delta']:+.4f}" in row
+    assert "Missing cells" in table and "tiny-bert / scifact" in table
+
+
+def test_model_names_of_the_benchmark_scripts(tiny_model):
+    models = _bench("models")
+    assert models.resolve(None) == (None, "", "all-MiniLM-L6-v2") == models.resolve("minilm")
+    path, label, name = models.resolve(str(tiny_model))
+    assert Path(path) == tiny_model.resolve() and label == name == "tiny-bert"
+    assert models.suffixed("quality.md", "mpnet") == "quality_mpnet.md"
+    assert models.suffixed("quality_cisi.png", "mpnet") == "quality_cisi_mpnet.png"
+    assert models.suffixed("quality.md", "") == "quality.md"
+    with pytest.raises(SystemExit, match="neither minilm, mpnet nor a model folder"):
+        models.resolve("/no/such/model")
