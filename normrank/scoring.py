@@ -57,9 +57,18 @@ class Weights:
             raise InvalidArgumentError(f"unknown norm feature {self.feature!r}; choose one of {list(FEATURES)}")
         if self.mode not in MODES:
             raise InvalidArgumentError(f"unknown scoring mode {self.mode!r}; choose one of {list(MODES)}")
-        for name in ("a", "b", "epsilon"):
+        for name in ("a", "b", "epsilon", "clip"):
+            value = getattr(self, name)
+            if name == "clip" and value is None:
+                continue
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise InvalidArgumentError(f"weight {name} must be a number, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, name, float(value))  # NumPy scalars become floats: JSON and equality agree
             if not math.isfinite(getattr(self, name)):
                 raise InvalidArgumentError(f"weight {name} must be finite, got {getattr(self, name)}")
+        if not isinstance(self.squash, (bool, np.bool_)):
+            raise InvalidArgumentError(f"squash must be True or False, got {self.squash!r}")
+        object.__setattr__(self, "squash", bool(self.squash))
         if self.epsilon < 0:
             raise InvalidArgumentError(f"epsilon must be >= 0, got {self.epsilon}")
         if self.clip is not None and not self.clip > 0:

@@ -595,3 +595,14 @@ def test_calibration_settings_and_a_tampered_calibration_are_named(tmp_path):
     _rewrite(folder, "state.json", json.dumps(state).encode())
     with pytest.raises(IndexFormatError, match="calibration data is invalid: calibration knots must be"):
         NormIndex.load(tmp_path / "idx")
+
+
+def test_weights_take_numbers_only_and_numpy_scalars_become_floats():
+    w = Weights(a=np.float32(0.25), b=np.int64(0), clip=np.int64(2))
+    assert (w.a, w.b, w.clip) == (0.25, 0.0, 2.0) and all(type(x) is float for x in (w.a, w.b, w.clip))
+    for options, message in (({"a": "0.1"}, r"weight a must be a number, got '0.1' \(str\)"),
+                             ({"b": True}, "weight b must be a number, got True"),
+                             ({"clip": float("inf")}, "weight clip must be finite"),
+                             ({"squash": "yes"}, "squash must be True or False")):
+        with pytest.raises(InvalidArgumentError, match=message):
+            Weights(**options)
