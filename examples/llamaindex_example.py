@@ -1,7 +1,7 @@
-from llama_index.core import Document, VectorStoreIndex
-from llama_index.core.llms import MockLLM
+from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.embeddings.normrank import NormRankEmbedding
-from llama_index.postprocessor.normrank import NormRankPostprocessor
+from llama_index.vector_stores.normrank import NormRankVectorStore
+from normrank import Weights
 
 texts = [
     "The Eiffel Tower is a wrought-iron lattice tower in Paris.",
@@ -10,8 +10,8 @@ texts = [
     "Mitochondria produce most of the chemical energy a cell needs.",
 ]
 embed = NormRankEmbedding()  # raw vectors: same ranking as the stock model, norm kept
-index = VectorStoreIndex.from_documents([Document(text=t) for t in texts], embed_model=embed)
-rerank = NormRankPostprocessor(encoder=embed.encoder, top_n=2, weights={"a": 0.02})
-engine = index.as_query_engine(llm=MockLLM(), similarity_top_k=4, node_postprocessors=[rerank])
-for hit in engine.query("How do plants turn light into energy?").source_nodes:
-    print(f"{hit.score:.3f} (cos {hit.node.metadata['cosine']:.3f})  {hit.node.text}")
+store = NormRankVectorStore(encoder=embed.encoder, weights=Weights(a=0.02))
+index = VectorStoreIndex.from_documents([Document(text=t) for t in texts], embed_model=embed,
+                                        storage_context=StorageContext.from_defaults(vector_store=store))
+for hit in index.as_retriever(similarity_top_k=2).retrieve("How do plants turn light into energy?"):
+    print(f"{hit.score:.3f} (cos {hit.node.metadata['normrank']['cosine']:.3f})  {hit.node.text}")
