@@ -27,7 +27,8 @@ Use::
     index = NormIndex()
     ids, texts, metas = chunk_texts(long_texts, ids=names, encoder=index.encoder)
     index.add_texts(texts, ids=ids, metadatas=metas)
-    index.add_texts(*chunk_files(["notes/a.md", "notes/b.txt"], encoder=index.encoder))  # (texts, ids, metas)
+    ids, texts, metas = chunk_files(["notes/a.md", "notes/b.txt"], encoder=index.encoder)  # .md: Markdown-aware
+    index.add_texts(texts, ids=ids, metadatas=metas)
 """
 
 from __future__ import annotations
@@ -179,9 +180,9 @@ def chunk_files(
     overlap: int | None = None,
     root: str | os.PathLike[str] | None = None,
 ) -> tuple[list[str], list[str], list[dict[str, Any]]]:
-    """``(texts, ids, metadatas)`` of the chunks of UTF-8 text files (``.md`` split as Markdown).
+    """``(ids, texts, metadatas)`` of the chunks of UTF-8 text files (``.md`` split as Markdown).
 
-    In ``index.add_texts``' argument order: ``index.add_texts(*chunk_files(paths))``. A file's id
+    As :func:`chunk_texts`: ``index.add_texts(texts, ids=ids, metadatas=metas)``. A file's id
     (its chunks' ``source``) is its path relative to ``root`` when given, else as passed. Empty
     files are skipped with a logged note.
     """
@@ -193,7 +194,12 @@ def chunk_files(
     for p in paths:
         path = Path(p)
         text = read_text_file(path).strip()
-        name = path.relative_to(root).as_posix() if root is not None else path.as_posix()
+        name = path.as_posix()
+        if root is not None:
+            try:
+                name = path.resolve().relative_to(Path(root).resolve()).as_posix()
+            except ValueError:
+                raise InvalidArgumentError(f"{path} is not inside root {root}") from None
         if not text:
             logger.warning("skipping empty file %s", path)
             continue
@@ -203,9 +209,7 @@ def chunk_files(
         md.append(path.suffix.lower() == ".md")
     if not texts:
         return [], [], []
-    ids, chunks, chunk_metas = chunk_texts(texts, names, metas, encoder=encoder, size=size, overlap=overlap,
-                                           markdown=md)
-    return chunks, ids, chunk_metas
+    return chunk_texts(texts, names, metas, encoder=encoder, size=size, overlap=overlap, markdown=md)
 
 
 def _check_int(what: str, value: Any, lowest: int) -> int:

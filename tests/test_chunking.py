@@ -113,7 +113,7 @@ def test_chunk_texts_ids_metadata_and_short_texts_kept_whole(encoder):
 def test_the_calibration_sees_each_chunks_own_token_count(encoder, tmp_path):
     (tmp_path / "a.md").write_text(_long_file_text(), encoding="utf-8")
     (tmp_path / "b.txt").write_text("Coffee beans are roasted seeds.", encoding="utf-8")
-    texts, ids, metas = chunk_files([tmp_path / "a.md", tmp_path / "b.txt"], encoder=encoder, root=tmp_path)
+    ids, texts, metas = chunk_files([tmp_path / "a.md", tmp_path / "b.txt"], encoder=encoder, root=tmp_path)
     assert ids[-1] == "b.txt" and ids[0] == "a.md#0" and metas[0]["path"] == "a.md"
     index = NormIndex(encoder)
     index.add_texts(texts, ids=ids, metadatas=metas)
