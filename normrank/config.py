@@ -266,7 +266,11 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"configuration file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _StrictLoader(text)  # a SafeLoader subclass, driven directly as yaml.load would
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
     except ConfigError as exc:
         raise ConfigError(f"configuration file {path}: {exc}") from None
     except yaml.YAMLError as exc:

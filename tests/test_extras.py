@@ -48,6 +48,8 @@ def _mentions() -> dict[str, set[str]]:
             continue
         if any(part.endswith(".egg-info") for part in path.parts):
             continue
+        if path.name == "CHANGELOG.md":  # history names the extras earlier versions had
+            continue
         for match in MENTION.finditer(path.read_text(encoding="utf-8", errors="replace")):
             for name in match.group(1).split(","):
                 found.setdefault(name.strip(), set()).add(str(path.relative_to(ROOT)))
