@@ -9,9 +9,9 @@ evaluated queries out of every fitting step, query calibration included:
   fold is searched with the blend (and query calibration) fitted on the other folds only.
 
 Metrics are per query, computed as trec_eval does (:mod:`normrank.metrics`, checked equal
-to pytrec_eval in the tests); differences against cosine are tested with a two-sided paired t-test over queries and counted as queries
-improved / worsened, because a mean alone hides a blend that helps some queries and
-hurts as many others.
+to pytrec_eval in the tests); differences against cosine are tested with a two-sided paired
+t-test over queries and counted as queries improved / worsened, because a mean alone hides
+a blend that helps some queries and hurts as many others.
 
 Several models (``normrank eval --model A --model B``) are evaluated on the same queries
 under the same protocol, each with its own encodings (cached per model fingerprint), and
