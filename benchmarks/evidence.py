@@ -656,7 +656,8 @@ def render(ev: Evidence, spec_detail: list[dict], args: argparse.Namespace, n_bo
         f"Python {platform.python_version()}, model {model} (raw, pre-`Normalize` vectors via "
         f"`normrank.RawEncoder`), {n_boot} bootstrap resamples, seed {args.seed}"
         + (", **tiny run (a smoke test, not evidence)**" if args.tiny else "") + ".",
-        f"Regenerate: `python benchmarks/evidence.py{' --model ' + args.label if sfx else ''}` (about 1 minute of CPU with a warm encoding cache, "
+        f"Regenerate: `python benchmarks/evidence.py{' --model ' + args.label if sfx else ''}` "
+        "(about 1 minute of CPU with a warm encoding cache, "
         "about 4 more to encode the ~16k words and sentences the first time).",
         "",
         "Length control = `NormCalibrator`'s `calibrated` feature fitted on each measured set: the residual "
