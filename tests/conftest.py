@@ -17,17 +17,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from normrank.datasets import BeirDataset, default_data_dir, demo_rows, load_beir  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def encoder():
-    """The real bundled all-MiniLM-L6-v2 raw encoder, loaded once."""
-    from normrank.encoders import RawEncoder
-
-    enc = RawEncoder(show_progress=False)
-    _ = enc.model
-    return enc
+from normrank.datasets import BeirDataset, default_data_dir, load_beir  # noqa: E402
+from normrank.testing import demo_encoded, demo_texts, encoder, pg_dsn, pg_table_factory  # noqa: E402,F401,F811
 
 
 @pytest.fixture(scope="session")
@@ -69,18 +60,6 @@ def cranfield(encoder, data_dir) -> EncodedCollection:
 @pytest.fixture(scope="session")
 def cisi(encoder, data_dir) -> EncodedCollection:
     return encode_collection(encoder, data_dir, "cisi")
-
-
-@pytest.fixture(scope="session")
-def demo_texts() -> list[str]:
-    """The small corpus the package ships for its demo (48 passages)."""
-    return [f"{r['title']}\n{r['text']}" for r in demo_rows()]
-
-
-@pytest.fixture(scope="session")
-def demo_encoded(encoder, demo_texts):
-    vecs, counts = encoder.encode_with_counts(demo_texts)
-    return vecs, counts
 
 
 def synthetic(n: int, dim: int = 32, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -28,31 +28,17 @@ from normrank.errors import (
     InvalidVectorError,
     UnknownIdError,
 )
-from normrank.pgvector_store import DSN_ENV, PgVectorNormIndex, local_server
+from normrank.pgvector_store import DSN_ENV, PgVectorNormIndex
 from normrank.scoring import Weights
 from normrank.store import NormIndex
 
 from .conftest import synthetic
 
 
-@pytest.fixture(scope="module")
-def pg_dsn():
-    try:
-        with local_server() as dsn:
-            yield dsn
-    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
-        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
-
-
 @pytest.fixture
-def table(pg_dsn):
+def table(pg_table_factory):
     """A fresh table name; the tables are dropped after the test."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    yield name
-    import psycopg
-
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP TABLE IF EXISTS "{name}", "{name}_normrank"')
+    return pg_table_factory("t")
 
 
 @pytest.fixture(scope="module")

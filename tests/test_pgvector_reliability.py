@@ -36,7 +36,7 @@ from normrank.errors import (  # noqa: E402
     UnknownIdError,
 )
 from normrank.pg_connection import redact  # noqa: E402
-from normrank.pgvector_store import PgVectorNormIndex, local_server  # noqa: E402
+from normrank.pgvector_store import PgVectorNormIndex  # noqa: E402
 from normrank.scoring import Weights  # noqa: E402
 from normrank.store import NormIndex  # noqa: E402
 
@@ -45,22 +45,9 @@ from .conftest import synthetic  # noqa: E402
 SECRET = "Sup3rS3cretPw"
 
 
-@pytest.fixture(scope="module")
-def pg_dsn():
-    try:
-        with local_server() as dsn:
-            yield dsn
-    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
-        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
-
-
 @pytest.fixture
-def table(pg_dsn):
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        for suffix in ("", "_normrank", "_emb_hnsw", "_normrank_normrank"):
-            conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
+def table(pg_table_factory):
+    return pg_table_factory("r")
 
 
 def _dump(pg_dsn: str, table: str) -> tuple[list, dict]:

