@@ -219,7 +219,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, str]) -> str:
         "# Quality benchmark",
         "",
         f"Measured {meta['date']} on {meta['machine']}; model {meta['model']}.",
-        "Command: `python benchmarks/quality.py" + (" --tiny" if meta.get("tiny") else "") + "`.",
+        "Command: `python benchmarks/quality.py" + (" --tiny" if meta.get("tiny") else "")
+        + (f" --model {meta['model_option']}" if meta.get("model_option") else "") + "`.",
         "",
         "Protocol: train -> test where the collection has a train split, else 5-fold cross-validation over the",
         "judged queries (seed 0); every fit (weights and query calibration) sees only training queries.",
@@ -359,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"date": dt.date.today().isoformat(), "machine": machine(),
             "model": f"{model_name} (raw{', bundled' if not label else ''}, {encoder.dim}-d)",
-            "tiny": "1" if args.tiny else ""}
+            "tiny": "1" if args.tiny else "", "model_option": label}
     json_path = args.out / suffixed("quality.json", label)
     if json_path.is_file() and not args.tiny:  # keep the collections of earlier runs of this model
         try:
