@@ -1,8 +1,9 @@
 """``NormIndex``: a FAISS store that keeps the norm and serves the exact blended top-k.
 
 Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
-the mode's norm column (``g(d)`` for the additive blend), optionally zero-padded to a
-multiple of ``pad_to`` (off by default: it measured no faster on faiss-cpu 1.15). A query
+the mode's norm column (``g(d)`` for the additive blend), zero-padded to a multiple
+of ``pad_to`` (8 by default: 392 columns scanned as fast as 384, 385 did not; see
+benchmarks/results/speed.md). A query
 ``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
 search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
 
@@ -349,9 +350,9 @@ class NormIndex(BlendIndexBase):
     index_type:
         ``"flat"`` (exact, default), ``"hnsw"`` or ``"ivf"`` (approximate, faster at scale).
     pad_to:
-        Round the augmented width up to a multiple of this. 1 (no padding) by default: on
-        faiss-cpu 1.15 the 385-wide index searched as fast as a padded 392-wide one and saves
-        28 bytes per document (benchmarks/results/speed.md).
+        Round the augmented width up to a multiple of this. 8 by default: FAISS's flat kernels
+        run an odd width (385) slower than 384, while 392 columns scan at the speed of 384
+        (benchmarks/results/speed.md); 1 saves 28 bytes per document of index memory.
     calibrator, query_calibrator:
         Pre-fitted calibrations; by default the document one is fitted on the first documents
         (and refitted as the corpus doubles) and the query one by :meth:`fit` or
@@ -373,7 +374,7 @@ class NormIndex(BlendIndexBase):
         dim: int | None = None,
         weights: Weights | None = None,
         index_type: IndexType = "flat",
-        pad_to: int = 1,
+        pad_to: int = 8,
         hnsw_m: int = 32,
         ef_construction: int = 200,
         ef_search: int = 128,
@@ -405,6 +406,10 @@ class NormIndex(BlendIndexBase):
         self._index: Any = None
         self._column_key: tuple[Any, ...] | None = None
         self._labels: np.ndarray | None = None  # position -> internal id of an IndexIDMap2, cached
+        self._inner: Any = None  # the flat index inside the IDMap2, cached with _labels
+        # The shaped document feature g(d) by internal id, kept in step with the stored column (set when
+        # documents are added, rebuilt with the column), so a search reads it instead of recomputing it.
+        self._g_by_id = np.zeros(0, dtype=np.float64)
         self._lock = threading.RLock()
 
     @property
@@ -482,6 +487,7 @@ class NormIndex(BlendIndexBase):
                 g = self._shaped_feature(calibrator, norms, counts)
                 self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), internal)
                 self._labels = None
+                self._set_g(internal, g)
             except Exception:
                 if first:
                     self._dim = None
@@ -653,6 +659,17 @@ class NormIndex(BlendIndexBase):
             self.query_calibrator = NormCalibrator().fit(norms, token_counts)
             return self.query_calibrator
 
+    def _set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
+        """Record the shaped feature of newly stored documents (internal ids only grow)."""
+        if internal.size == 0:
+            return
+        need = int(internal.max()) + 1
+        if need > self._g_by_id.size:
+            grown = np.zeros(max(need, 2 * self._g_by_id.size), dtype=np.float64)
+            grown[: self._g_by_id.size] = self._g_by_id
+            self._g_by_id = grown
+        self._g_by_id[internal] = g
+
     def _norms_counts(self, internal: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         recs = [self._records[i] for i in internal]
         return (np.array([r.norm for r in recs], dtype=np.float64),
@@ -674,6 +691,9 @@ class NormIndex(BlendIndexBase):
             self._index, self._tombstones = old_index, old_tombstones
             raise
         self._labels = None
+        self._g_by_id = np.zeros(self._next, dtype=np.float64)
+        if live.size:
+            self._g_by_id[live] = g
         self._tombstone_array = None
         self._column_key = self._current_column_key()
 
@@ -687,6 +707,11 @@ class NormIndex(BlendIndexBase):
         query_token_count: int | None = None,
     ) -> list[Hit]:
         """The exact blended top-``k`` for one query (text, or a raw vector)."""
+        if filter is None and isinstance(query, np.ndarray) and (query_token_count is None
+                                                                 or type(query_token_count) is int):
+            hits = self._search_vector(query, k)
+            if hits is not None:
+                return hits
         return self.search_batch([query], k, filter=filter,
                                  query_token_counts=None if query_token_count is None else [query_token_count])[0]
 
@@ -727,6 +752,35 @@ class NormIndex(BlendIndexBase):
             scores, ids = self._raw_search(qaug, kk, allowed)
             return [self._hits(ids[i], scores[i], w[i]) for i in range(len(queries))]
 
+    def _search_vector(self, query: np.ndarray, k: Any) -> list[Hit] | None:
+        """The common case on a lean path: one raw vector, no filter, flat index, a fixed weight.
+
+        Does exactly the arithmetic of :meth:`search_batch` (same float32 query, same FAISS kernel,
+        same feature values), minus its per-call generality; returns ``None`` for anything else
+        (including every input the general path refuses with a named error), which then answers.
+        """
+        if type(k) is not int or query.ndim != 1 or query.dtype.kind != "f" or not 0 < k <= _K_MAX:
+            return None
+        with self._lock:
+            wts = self._weights
+            if (self.index_type != "flat" or wts.b != 0.0 or self._tombstones or self._index is None
+                    or query.shape[0] != self._dim or k > len(self._by_id)
+                    or (wts.mode == "multiplicative" and not wts.is_cosine)):
+                return None
+            v = query.astype(np.float32)
+            v64 = v.astype(np.float64)
+            norm = float(np.sqrt(np.add.reduce(v64 * v64)))
+            if not (math.isfinite(norm) and norm > 1e-12):  # NaN or inf anywhere makes the norm so
+                return None
+            inner, labels = self._flat_parts()
+            q = np.zeros((1, inner.d), dtype=np.float32)
+            q[0, : self._dim] = v / np.float32(norm)
+            w = wts.a
+            qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
+            q[0, self._dim] = qcol / self._column_scale
+            scores, pos = inner.search(q, k)
+            return self._hits(labels[pos[0]], scores[0], w)
+
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
         if flt is None:
             return None
@@ -762,10 +816,19 @@ class NormIndex(BlendIndexBase):
         on busy cores waking the second thread cost milliseconds per single query (see
         benchmarks/results/speed.md). The position -> id array is cached until the index changes.
         """
-        if self._labels is None:
+        inner, labels = self._flat_parts()
+        if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
+            scores, pos = _sgemm_topk(inner, qaug, k)
+        else:
+            scores, pos = inner.search(qaug, k)
+        return scores, np.where(pos >= 0, labels[np.maximum(pos, 0)], -1)
+
+    def _flat_parts(self) -> tuple[Any, np.ndarray]:
+        """The index inside the IDMap2 and its position -> id array, cached until the index changes."""
+        if self._labels is None or self._inner is None:
             self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
-        scores, pos = faiss.downcast_index(self._index.index).search(qaug, k)
-        return scores, np.where(pos >= 0, self._labels[np.maximum(pos, 0)], -1)
+            self._inner = faiss.downcast_index(self._index.index)
+        return self._inner, self._labels
 
     def _search_past_tombstones(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact flat search with deleted documents still in FAISS: fetch ``k + #deleted`` on the fast
@@ -806,8 +869,7 @@ class NormIndex(BlendIndexBase):
             cos, ids = cos[0].astype(np.float64), ids[0]
             keep = ids >= 0
             cos, ids = cos[keep], ids[keep]
-            norms, counts = self._norms_counts(ids.tolist())
-            g = self._shaped_feature(self.calibrator, norms, counts)
+            g = self._g_by_id[ids]
             scores = blend(cos, g, w, self._weights)
             order = np.lexsort((ids, -scores))[:k]
             last = cos[-1] if cos.size else -1.0
@@ -818,20 +880,19 @@ class NormIndex(BlendIndexBase):
 
     def _hits(self, ids: np.ndarray, scores: np.ndarray, w: float, cosines: np.ndarray | None = None) -> list[Hit]:
         keep = ids >= 0
-        ids, scores = ids[keep], scores[keep]
+        if not keep.all():
+            ids, scores = ids[keep], scores[keep]
         if ids.size == 0:
             return []
-        norms, counts = self._norms_counts(ids.tolist())
-        g = self._shaped_feature(self.calibrator, norms, counts)
+        g = self._g_by_id[ids]  # the feature stored with the column, not recomputed per query
         if cosines is None:
             qcol = float(query_column(np.array(w), self._weights))
             cosines = scores.astype(np.float64) - qcol * doc_column(g, self._weights.mode)
-        hits = []
-        for j, iid in enumerate(ids.tolist()):
-            rec = self._records[iid]
-            hits.append(Hit(rec.id, float(scores[j]), float(cosines[j]), rec.norm, float(g[j]), float(w),
-                            rec.token_count, rec.text, copy.deepcopy(rec.metadata)))
-        return hits
+        w = float(w)
+        records = self._records
+        return [_hit(rec.id, s, c, rec.norm, gg, w, rec.token_count, rec.text, _copy_metadata(rec.metadata))
+                for rec, s, c, gg in zip((records[i] for i in ids.tolist()), scores.tolist(), cosines.tolist(),
+                                         g.tolist())]
 
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
@@ -1001,12 +1062,69 @@ class NormIndex(BlendIndexBase):
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise IndexFormatError(f"the index at {path} could not be read: {exc!r} in state.json or records") from exc
         index._column_key = index._current_column_key()
+        if internal.size:
+            index._g_by_id = np.zeros(index._next, dtype=np.float64)
+            index._g_by_id[internal] = index._shaped_feature(index.calibrator, norms, counts)
         if index.index_type == "ivf":
             index._index.nprobe = min(index.nprobe, index._index.nlist)
         elif index.index_type == "hnsw":  # the validated settings, not whatever the FAISS file carries
             hnsw = faiss.downcast_index(index._index.index).hnsw
             hnsw.efSearch, hnsw.efConstruction = index.ef_search, index.ef_construction
         return index
+
+
+#: Flat batches of at least this many queries are scored by one NumPy sgemm over the stored
+#: augmented vectors plus FAISS's top-k heaps, instead of FAISS's per-query kernel (FAISS switches to
+#: BLAS only from ``faiss.cvar.distance_compute_blas_threshold`` = 128000 queries; measured in
+#: benchmarks/results/speed.md). Exact either way: the same inner products, each row's top-k.
+SGEMM_MIN_BATCH = 8
+#: Score at most this many query x document products per sgemm (64 MiB of float32 scores).
+SGEMM_BLOCK = 1 << 24
+_K_MAX = 10_000_000
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _hit(id: str, score: float, cosine: float, norm: float, norm_feature: float, weight: float,
+         token_count: int, text: str | None, metadata: dict[str, Any]) -> Hit:
+    """A :class:`Hit` built without the frozen dataclass's per-field ``object.__setattr__`` calls
+    (ten of those per search were a visible share of a 10k-document query); equal to ``Hit(...)``."""
+    hit = object.__new__(Hit)
+    hit.__dict__.update(id=id, score=score, cosine=cosine, norm=norm, norm_feature=norm_feature, weight=weight,
+                        token_count=token_count, text=text, metadata=metadata)
+    return hit
+
+
+def _copy_metadata(meta: dict[str, Any]) -> dict[str, Any]:
+    """A private copy for the caller: flat dicts of scalars by ``dict()``, nested ones by deep copy."""
+    if not meta:
+        return {}
+    for v in meta.values():
+        if not isinstance(v, _SCALARS):
+            return copy.deepcopy(meta)
+    return dict(meta)
+
+
+def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-``k`` of a batch over a FAISS flat index's stored vectors, by positions:
+    one NumPy sgemm per block of queries, then FAISS's own top-k heaps (what its BLAS path does;
+    ``argpartition`` was 40x slower than the heaps at 64 x 10k scores)."""
+    n, d = flat.ntotal, flat.d
+    xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
+    nq = q.shape[0]
+    out_s = np.empty((nq, k), dtype=np.float32)
+    out_p = np.empty((nq, k), dtype=np.int64)
+    step = max(1, SGEMM_BLOCK // max(n, 1))
+    for a in range(0, nq, step):
+        sims = np.ascontiguousarray(q[a:a + step] @ xb.T, dtype=np.float32)
+        rows = sims.shape[0]
+        dist, pos = out_s[a:a + rows], out_p[a:a + rows]  # contiguous row blocks, filled in place
+        heaps = faiss.float_minheap_array_t()
+        heaps.k, heaps.nh = k, rows
+        heaps.val, heaps.ids = faiss.swig_ptr(dist), faiss.swig_ptr(pos)
+        heaps.heapify()
+        heaps.addn(n, faiss.swig_ptr(sims))
+        heaps.reorder()
+    return out_s, out_p
 
 
 #: The FAISS classes each index_type saves: (outer, inner) for IDMap2-wrapped ones.

@@ -1,0 +1,179 @@
+"""The fast search paths give the brute-force blend exactly (issue 14): the lean single-vector path,
+the batched sgemm kernel and FAISS's own kernel, with deletes and filters. Equality, not speed
+(speed lives in benchmarks/speed.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from normrank import store as store_mod
+from normrank.scoring import Hit, Weights
+from normrank.store import NormIndex
+
+DIM = 48
+
+
+def _corpus(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centers = rng.standard_normal((16, DIM))
+    x = centers[rng.integers(0, 16, n)] + 0.8 * rng.standard_normal((n, DIM))
+    counts = rng.integers(5, 200, n)
+    norms = np.exp(rng.normal(0, 0.15, n) - 0.2 * np.log(counts)) * 5
+    return (x / np.linalg.norm(x, axis=1, keepdims=True) * norms[:, None]).astype(np.float32), counts
+
+
+def _brute(index: NormIndex, raw: np.ndarray, counts: np.ndarray, ids: list[str], q: np.ndarray, k: int,
+           keep: np.ndarray | None = None) -> tuple[list[str], np.ndarray]:
+    """The blend computed from scratch in float64 over every (kept) document."""
+    w = index.weights
+    norms = np.linalg.norm(raw.astype(np.float64), axis=1)
+    g = w.shape(index.calibrator.transform(norms, counts, w.feature))
+    cos = (raw.astype(np.float64) / norms[:, None]) @ (q.astype(np.float64) / np.linalg.norm(q.astype(np.float64)))
+    if w.mode == "tiebreak":
+        from normrank.scoring import percentile
+
+        s = cos + w.epsilon * np.sign(w.a) * (percentile(g) - 0.5)
+    else:
+        s = cos + w.a * g
+    if keep is not None:
+        s = np.where(keep, s, -np.inf)
+    order = np.argsort(-s, kind="stable")[:k]
+    return [ids[i] for i in order], s[order]
+
+
+def _check(hits: list[Hit], want_ids: list[str], want_scores: np.ndarray) -> None:
+    assert [h.id for h in hits] == want_ids
+    np.testing.assert_allclose([h.score for h in hits], want_scores, atol=1e-5)
+    for h in hits:  # the explanation adds up to the score it explains
+        assert h.score == pytest.approx(h.cosine + h.weight * h.norm_feature, abs=1e-5)
+
+
+@pytest.fixture(scope="module")
+def built() -> tuple[NormIndex, np.ndarray, np.ndarray, list[str], np.ndarray]:
+    raw, counts = _corpus(3000)
+    ids = [f"d{i}" for i in range(len(raw))]
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw, counts, ids=ids, metadatas=[{"part": i % 3} for i in range(len(raw))])
+    queries, _ = _corpus(70, seed=1)
+    return index, raw, counts, ids, queries
+
+
+def test_padding_default_is_measured_width(built) -> None:
+    index = built[0]
+    assert index.pad_to == 8 and index.augmented_dim == 56  # 48 + 1 rounded up to a multiple of 8
+
+
+@pytest.mark.parametrize("mode", ["additive", "tiebreak"])
+def test_single_vector_path_equals_brute_force(built, mode: str) -> None:
+    index, raw, counts, ids, queries = built
+    old = index.weights
+    index.set_weights(Weights(a=0.05, mode=mode, epsilon=0.02))
+    try:
+        for q in queries[:20]:
+            want_ids, want_s = _brute(index, raw, counts, ids, q, 10)
+            hits = index.search(q, 10)
+            assert [h.id for h in hits] == want_ids
+            np.testing.assert_allclose([h.score for h in hits], want_s, atol=1e-5)
+            # the lean path and the general one (a list of one query) give equal hits
+            assert index.search_batch([q], 10) == [hits]
+    finally:
+        index.set_weights(old)
+
+
+@pytest.mark.parametrize("batch", [1, 7, 8, 64])
+def test_batches_equal_brute_force_on_either_kernel(built, batch: int) -> None:
+    index, raw, counts, ids, queries = built
+    results = index.search_batch(list(queries[:batch]), 10)
+    for q, hits in zip(queries[:batch], results):
+        _check(hits, *_brute(index, raw, counts, ids, q, 10))
+    # the sgemm kernel (batch >= SGEMM_MIN_BATCH) and FAISS's give the same lists
+    singles = [index.search(q, 10) for q in queries[:batch]]
+    for a, b in zip(results, singles):
+        assert [h.id for h in a] == [h.id for h in b]
+        np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-5)
+
+
+def test_k_as_large_as_the_corpus_on_the_sgemm_kernel() -> None:
+    raw, counts = _corpus(40)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    ids = [str(i) for i in range(40)]
+    index.add_vectors(raw, counts, ids=ids)
+    queries, _ = _corpus(9, seed=3)
+    for q, hits in zip(queries, index.search_batch(list(queries), 40)):
+        _check(hits, *_brute(index, raw, counts, ids, q, 40))
+
+
+def test_deleted_ids_never_returned_on_any_path(built) -> None:
+    _, raw, counts, ids, queries = built
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw, counts, ids=ids)
+    # delete exactly the current top hits of some queries (tombstoned, below the compaction limit)
+    gone = sorted({h.id for q in queries[:5] for h in index.search(q, 10)})
+    assert index.delete(gone) == len(gone) and index._tombstones
+    keep = np.array([i not in set(gone) for i in ids])
+    for q in queries[:5]:
+        hits = index.search(q, 10)
+        assert not {h.id for h in hits} & set(gone)
+        _check(hits, *_brute(index, raw, counts, ids, q, 10, keep))
+    for q, hits in zip(queries[:16], index.search_batch(list(queries[:16]), 10)):
+        assert not {h.id for h in hits} & set(gone)
+        _check(hits, *_brute(index, raw, counts, ids, q, 10, keep))
+
+
+def test_filters_equal_brute_force_over_the_allowed_documents(built) -> None:
+    index, raw, counts, ids, queries = built
+    keep = np.array([i % 3 == 1 for i in range(len(ids))])
+    for q in queries[:6]:
+        _check(index.search(q, 10, filter={"part": 1}), *_brute(index, raw, counts, ids, q, 10, keep))
+    for q, hits in zip(queries[:12], index.search_batch(list(queries[:12]), 10, filter=lambda m: m["part"] == 1)):
+        _check(hits, *_brute(index, raw, counts, ids, q, 10, keep))
+
+
+def test_hits_are_frozen_value_objects_with_private_metadata() -> None:
+    raw, counts = _corpus(50)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    metas = [{"tags": ["a", "b"], "n": i} if i % 2 else {"n": i} for i in range(50)]
+    index.add_vectors(raw, counts, ids=[str(i) for i in range(50)], texts=[f"t{i}" for i in range(50)],
+                      metadatas=metas)
+    hits = index.search(raw[3], 5)
+    h = hits[0]
+    same = Hit(h.id, h.score, h.cosine, h.norm, h.norm_feature, h.weight, h.token_count, h.text, dict(h.metadata))
+    assert h == same and dataclasses.asdict(h) == dataclasses.asdict(same) and type(h.score) is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        h.score = 1.0  # type: ignore[misc]
+    for hit in hits:  # changing what a search returned changes nothing stored, flat or nested
+        hit.metadata["n"] = -1
+        hit.metadata.setdefault("tags", []).append("x")
+    again = index.search(raw[3], 5)
+    assert [x.metadata for x in again] == [metas[int(x.id)] for x in again]
+
+
+def test_stored_feature_survives_recalibration_save_and_load(tmp_path, built) -> None:
+    _, raw, counts, ids, queries = built
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw[:100], counts[:100], ids=ids[:100])
+    index.add_vectors(raw[100:500], counts[100:500], ids=ids[100:500])  # crosses a refit of the calibration
+    index.set_weights(Weights(a=0.05, clip=1.0))  # rebuilds the column
+    for q in queries[:5]:
+        _check(index.search(q, 10), *_brute(index, raw[:500], counts[:500], ids[:500], q, 10))
+    index.save(tmp_path / "ix")
+    loaded = NormIndex.load(tmp_path / "ix")
+    for q in queries[:5]:
+        assert loaded.search(q, 10) == index.search(q, 10)  # the feature is rebuilt on load, equal
+        assert [h.id for h in loaded.search_batch([q] * 9, 10)[0]] == [h.id for h in index.search(q, 10)]
+
+
+def test_unpadded_index_still_answers_the_same(built) -> None:
+    index, raw, counts, ids, queries = built
+    plain = NormIndex(dim=DIM, weights=Weights(a=0.05), pad_to=1)
+    plain.add_vectors(raw, counts, ids=ids)
+    assert plain.augmented_dim == DIM + 1
+    for q in queries[:5]:
+        assert [h.id for h in plain.search(q, 10)] == [h.id for h in index.search(q, 10)]
+
+
+def test_sgemm_threshold_is_a_batch_size() -> None:
+    assert isinstance(store_mod.SGEMM_MIN_BATCH, int) and store_mod.SGEMM_MIN_BATCH >= 2
