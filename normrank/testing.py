@@ -44,6 +44,53 @@ def demo_encoded(encoder, demo_texts):
     return encoder.encode_with_counts(demo_texts)
 
 
+@pytest.fixture
+def model_calls(encoder, monkeypatch):
+    """A spy on the real model: counts the calls and texts it runs on (the real ``encode`` still runs)."""
+    import threading
+
+    model = encoder.model
+    real = model.encode
+    lock = threading.Lock()
+
+    class Calls:
+        calls = 0
+        texts = 0
+
+    def spy(sentences, *args, **kwargs):
+        with lock:
+            Calls.calls += 1
+            Calls.texts += 1 if isinstance(sentences, str) else len(sentences)
+        return real(sentences, *args, **kwargs)
+
+    monkeypatch.setattr(model, "encode", spy)
+    return Calls
+
+
+@pytest.fixture(scope="module", name="ids")
+def demo_ids() -> list[str]:
+    """Ids of the bundled demo corpus, in :func:`demo_texts` order."""
+    return [d["_id"] for d in demo_rows("demo_corpus.jsonl")]
+
+
+@pytest.fixture(scope="module", name="queries")
+def demo_queries() -> list[str]:
+    """The bundled judged demo queries."""
+    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
+
+
+@pytest.fixture(scope="module", name="index")
+def demo_index(encoder, ids, demo_texts, demo_encoded, queries):
+    """The demo corpus in a fitted-looking index: constant and query-conditioned weight, query calibration set."""
+    from normrank.scoring import Weights
+    from normrank.store import NormIndex
+
+    idx = NormIndex(encoder, weights=Weights(a=0.03, b=0.02))
+    idx.add_vectors(*demo_encoded, ids=ids, texts=demo_texts)
+    idx.calibrate_queries(queries)
+    return idx
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     """A throwaway local PostgreSQL + pgvector for the whole session; skips, saying why, without one."""

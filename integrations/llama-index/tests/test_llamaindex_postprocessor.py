@@ -22,50 +22,19 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, Te
 from llama_index.embeddings.normrank import NormRankEmbedding
 from llama_index.postprocessor.normrank import NormRankPostprocessor
 from llama_index.retrievers.normrank import NormRankRetriever  # noqa: E402
-from normrank.datasets import demo_rows  # noqa: E402
-from normrank import ConfigError, EmptyTextError, InvalidArgumentError, NormIndex, RawEncoder, Weights  # noqa: E402
+from normrank import ConfigError, InvalidArgumentError, Weights  # noqa: E402
 
 EXPLAINED = {"score", "cosine", "norm_feature", "weight", "norm"}  # metadata["normrank"] holds these
 
 
 
 
-@pytest.fixture
-def model_calls(encoder, monkeypatch):
-    """A spy on the real model: counts the texts it runs on (the real ``encode`` still runs)."""
-    model = encoder.model
-    real = model.encode
-
-    class Calls:
-        calls = 0
-        texts = 0
-
-    def spy(sentences, *args, **kwargs):
-        Calls.calls += 1
-        Calls.texts += 1 if isinstance(sentences, str) else len(sentences)
-        return real(sentences, *args, **kwargs)
-
-    monkeypatch.setattr(model, "encode", spy)
-    return Calls
 
 
-@pytest.fixture(scope="module")
-def ids() -> list[str]:
-    return [d["_id"] for d in demo_rows("demo_corpus.jsonl")]
 
 
-@pytest.fixture(scope="module")
-def queries() -> list[str]:
-    return [q["text"] for q in demo_rows("demo_queries.jsonl")]
 
 
-@pytest.fixture(scope="module")
-def index(encoder, ids, demo_texts, demo_encoded, queries) -> NormIndex:
-    """A fitted-looking index: constant and query-conditioned weight, query calibration set."""
-    idx = NormIndex(encoder, weights=Weights(a=0.03, b=0.02))
-    idx.add_vectors(*demo_encoded, ids=ids, texts=demo_texts)
-    idx.calibrate_queries(queries)
-    return idx
 
 
 def _nodes(ids, texts, embeddings=None, score=0.5, meta=False) -> list[NodeWithScore]:
