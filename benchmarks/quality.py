@@ -309,6 +309,18 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def merge_earlier(json_path: Path, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``results`` plus the collections of an earlier ``quality*.json`` that this run did not redo, by name."""
+    try:
+        before = json.loads(json_path.read_text())["results"] if json_path.is_file() else []
+    except (ValueError, KeyError):
+        before = []
+    for r in before:  # JSON made the pruning fractions strings
+        r["prune"] = {float(k): v for k, v in r.get("prune", {}).items()}
+    done = {r["name"] for r in results}
+    return sorted([r for r in before if r["name"] not in done] + results, key=lambda r: r["name"])
+
+
 def load_models_script() -> Any:
     """benchmarks/models.py (a script beside this one, not a package module)."""
     import importlib.util
@@ -362,13 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             "model": f"{model_name} (raw{', bundled' if not label else ''}, {encoder.dim}-d)",
             "tiny": "1" if args.tiny else "", "model_option": label}
     json_path = args.out / suffixed("quality.json", label)
-    if json_path.is_file() and not args.tiny:  # keep the collections of earlier runs of this model
-        try:
-            before = json.loads(json_path.read_text())["results"]
-        except (ValueError, KeyError):
-            before = []
-        done = {r["name"] for r in results}
-        results = sorted([r for r in before if r["name"] not in done] + results, key=lambda r: r["name"])
+    if not args.tiny:  # keep the collections of earlier runs of this model
+        results = merge_earlier(json_path, results)
     (args.out / suffixed("quality.md", label)).write_text(markdown(results, meta), encoding="utf-8")
     for res in results:
         plot(res, args.out / suffixed(f"quality_{res['name']}.png", label))

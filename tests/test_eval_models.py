@@ -144,8 +144,15 @@ def test_quality_with_a_model_folder_writes_labelled_files_and_the_table_reads_t
     md = (tmp_path / "quality_tiny-bert.md").read_text()
     assert "tiny-bert (raw, 32-d)" in md and "| cranfield-tiny | normrank |" in md
     assert (tmp_path / "quality_cranfield-tiny_tiny-bert.png").read_bytes()[:4] == b"\x89PNG"
-    # the per-model table: a non-tiny copy of that json, as a full run writes it
+    # a later run of another collection keeps this one, and the merged report renders
     data = json.loads((tmp_path / "quality_tiny-bert.json").read_text())
+    other = {**data["results"][0], "name": "other", "prune": {0.05: data["results"][0]["prune"]["0.05"],
+                                                              0.1: data["results"][0]["prune"]["0.1"]}}
+    merged = quality.merge_earlier(tmp_path / "quality_tiny-bert.json", [other])
+    assert [r["name"] for r in merged] == ["cranfield-tiny", "other"]
+    assert "- other:" in quality.markdown(merged, data["meta"]) and "- cranfield-tiny:" in quality.markdown(
+        merged, data["meta"])
+    # the per-model table: a non-tiny copy of that json, as a full run writes it
     data["meta"]["tiny"] = ""
     (tmp_path / "quality_tiny-bert.json").write_text(json.dumps(data))
     table = models.write_table(tmp_path).read_text()
