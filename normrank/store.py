@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import gc
 import json
 import logging
 import math
@@ -1001,7 +1002,7 @@ class NormIndex(BlendIndexBase):
                 with open_nofollow(folder / "tombstones.npy") as fh:
                     tombstones = np.load(fh, allow_pickle=False).astype(np.int64)
                 with open_nofollow(folder / "records.jsonl", "r") as fh:
-                    rows = [json.loads(line) for line in fh]
+                    rows = _read_jsonl(fh.read())
                 with open_nofollow(folder / "index.faiss") as fh:
                     reader = faiss.PyCallbackIOReader(fh.read)
                     try:
@@ -1052,9 +1053,16 @@ class NormIndex(BlendIndexBase):
             ]
             if problems:
                 raise IndexFormatError(f"the index at {path} is inconsistent: {'; '.join(problems)}")
-            for iid, row, nrm, cnt in zip(internal.tolist(), rows, norms.tolist(), counts.tolist()):
-                index._records[iid] = Record(row["id"], row["text"], row["metadata"], float(nrm), int(cnt))
-                index._by_id[row["id"]] = iid
+            # 100k+ new objects, none of them cyclic: the cyclic collector would walk them all repeatedly.
+            was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                for iid, row, nrm, cnt in zip(internal.tolist(), rows, norms.tolist(), counts.tolist()):
+                    index._records[iid] = _record(row["id"], row["text"], row["metadata"], nrm, cnt)
+                    index._by_id[row["id"]] = iid
+            finally:
+                if was_enabled:
+                    gc.enable()
             if len(index._by_id) != len(rows):
                 raise IndexFormatError(f"the index at {path} is inconsistent: its records repeat an id")
         except IndexFormatError:
@@ -1082,6 +1090,23 @@ SGEMM_MIN_BATCH = 8
 SGEMM_BLOCK = 1 << 24
 _K_MAX = 10_000_000
 _SCALARS = (str, int, float, bool, type(None))
+
+
+def _read_jsonl(text: str) -> list[Any]:
+    """Every line of a JSON-lines file, parsed by one ``json.loads`` call (per-line calls were ~40% of
+    loading a 100k-document index). Splits on ``\\n`` only: JSON escapes it inside strings, while
+    ``str.splitlines`` would also split a text at a raw U+2028."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return json.loads("[" + ",".join(lines) + "]") if lines else []
+
+
+def _record(id: str, text: str | None, metadata: dict[str, Any], norm: float, token_count: int) -> Record:
+    """A :class:`Record` built in one dict update (the frozen dataclass sets each field separately)."""
+    rec = object.__new__(Record)
+    rec.__dict__.update(id=id, text=text, metadata=metadata, norm=float(norm), token_count=int(token_count))
+    return rec
 
 
 def _hit(id: str, score: float, cosine: float, norm: float, norm_feature: float, weight: float,

@@ -177,3 +177,20 @@ def test_unpadded_index_still_answers_the_same(built) -> None:
 
 def test_sgemm_threshold_is_a_batch_size() -> None:
     assert isinstance(store_mod.SGEMM_MIN_BATCH, int) and store_mod.SGEMM_MIN_BATCH >= 2
+
+
+def test_an_index_saved_unpadded_loads_and_round_trips_awkward_texts(tmp_path) -> None:
+    """Indexes saved before pad_to=8 became the default (pad_to=1) load as they were; records with line
+    and paragraph separators inside texts and metadata survive the one-call JSON-lines reader."""
+    raw, counts = _corpus(30)
+    texts = [f"line one\nline two\u2028para\u2029end {i}" if i % 2 else None for i in range(30)]
+    metas = [{"note": "a\u2028b\nc", "i": i, "deep": {"x": [1, 2]}} for i in range(30)]
+    old = NormIndex(dim=DIM, weights=Weights(a=0.05), pad_to=1)
+    old.add_vectors(raw, counts, ids=[f"id\u2028{i}" for i in range(30)], texts=texts, metadatas=metas)
+    old.delete(["id\u20283"])
+    old.save(tmp_path / "old")
+    loaded = NormIndex.load(tmp_path / "old")
+    assert loaded.pad_to == 1 and loaded.augmented_dim == DIM + 1 and len(loaded) == 29
+    assert loaded.get(["id\u20281", "id\u20282"]) == old.get(["id\u20281", "id\u20282"])
+    for q in raw[:4]:
+        assert loaded.search(q, 5) == old.search(q, 5)
