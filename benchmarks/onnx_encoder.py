@@ -145,7 +145,7 @@ def markdown(res: dict[str, Any]) -> str:
     tp = res["throughput"]
     L = ["# ONNX encoder backend vs torch (issue 14, item 7)", "",
          f"Measured {m['date']} on {m['machine']}; the 2 cores were heavily shared with other jobs "
-         f"(load average {m["load"]:.1f}), so read the ratios (interleaved in one process), not the absolute rates.",
+         f"(load average {m['load']:.1f}), so read the ratios (interleaved in one process), not the absolute rates.",
          f"Environment: a separate venv (`/work/venv-onnx`): sentence-transformers {m['st']}, transformers "
          f"{m['transformers']}, onnxruntime {m['ort']}, torch {m['torch']} ({m['torch_threads']} threads). "
          "Installing `sentence-transformers[onnx]` downgraded transformers (to 4.57) and sentence-transformers "
