@@ -38,7 +38,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from speed import DIM, WEIGHTS, synthetic  # noqa: E402
+from speed import DIM, WEIGHTS, synthetic
 
 QUERIES = ["how does the boundary layer behave at high mach numbers",
            "information retrieval evaluation with relevance judgments",
@@ -55,8 +55,8 @@ def build(n: int) -> tuple[dict[str, Any], np.ndarray]:
     from langchain_core.embeddings import FakeEmbeddings
     from langchain_core.vectorstores import InMemoryVectorStore
     from langchain_normrank import NormRankVectorStore as LCNormRank
-    from llama_index.core.vector_stores import SimpleVectorStore, VectorStoreQuery
     from llama_index.core.schema import TextNode
+    from llama_index.core.vector_stores import SimpleVectorStore, VectorStoreQuery
     from llama_index.vector_stores.normrank import NormRankVectorStore as LINormRank
 
     from normrank.store import NormIndex
@@ -144,7 +144,7 @@ def markdown(res: dict[str, Any]) -> str:
         L.append(f"| {r['n']:,} | {md['langchain InMemoryVectorStore']:.2f} | {md['llamaindex SimpleVectorStore']:.2f} | "
                  f"{md['langchain_normrank NormRankVectorStore']:.3f} | {md['llama_index normrank NormRankVectorStore']:.3f} | "
                  f"{a['median']:.1f}x ({a['p25']:.1f}-{a['p75']:.1f}) | {b['median']:.1f}x ({b['p25']:.1f}-{b['p75']:.1f}) |")
-    L += ["", f"## End to end (query encode + store), ms per query", "",
+    L += ["", "## End to end (query encode + store), ms per query", "",
           f"One query encode (CPU, median of {len(res['encode']['times_s']['stock SentenceTransformer.encode'])} "
           f"interleaved): stock `SentenceTransformer.encode` {stock_enc:.1f} ms, normrank "
           f"`RawEncoder.encode_with_counts` {nr_enc:.1f} ms. End to end = encode + store (medians added).", "",
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     res["encode"] = bench_encode(args.encode_reps)
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
-    res["meta"] = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu,
+    res["meta"] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu,
                    "load": os.getloadavg()[0], "langchain_core": langchain_core.__version__,
                    "llama_index_core": llama_index.core.__version__, "faiss": faiss.__version__,
                    "faiss_threads": 1}

@@ -150,7 +150,7 @@ def markdown(res: dict[str, Any]) -> str:
          f"{m['transformers']}, onnxruntime {m['ort']}, torch {m['torch']} ({m['torch_threads']} threads). "
          "Installing `sentence-transformers[onnx]` downgraded transformers (to 4.57) and sentence-transformers "
          "(to 5.7) there, which is why it is not in normrank's main environment.",
-         f"Command: `/work/venv-onnx/bin/python benchmarks/onnx_encoder.py`. Model: bundled all-MiniLM-L6-v2, "
+         "Command: `/work/venv-onnx/bin/python benchmarks/onnx_encoder.py`. Model: bundled all-MiniLM-L6-v2, "
          "Normalize dropped (raw vectors, as `RawEncoder`).", "",
          f"## Throughput ({tp['n_texts']} Cranfield documents, batch {tp['batch_size']}, {tp['reps']} "
          "interleaved repetitions)", "",
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         rk = {name: ranking(models, name, args.batch_size) for name in args.collections}
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
-    res = {"meta": {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    res = {"meta": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "machine": f"{cpu}, {os.cpu_count()} cores", "load": os.getloadavg()[0],
                     "st": sentence_transformers.__version__, "transformers": transformers.__version__,
                     "ort": onnxruntime.__version__, "torch": torch.__version__,
