@@ -2,7 +2,7 @@
 
 The grid is cheap because every candidate blend is scored on the same cosine
 top-``depth`` lists: for each (feature, a, b) we re-sort those lists and take the
-per-query nDCG@10 from pytrec_eval once, which gives a matrix [blend x query].
+per-query nDCG@10 (normrank.metrics, trec_eval's definitions) once, which gives a matrix [blend x query].
 Cross-validation is then just averaging rows of that matrix.
 
 "Never harm": the best blend on all training queries is kept only if the
