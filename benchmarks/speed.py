@@ -460,10 +460,10 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{u['normrank_hits']:.0f} | {u['normrank_query_prep_and_rest']:.0f} | {u['normrank_search']:.0f} "
                      f"| {med:.2f} ({lo:.2f}-{hi:.2f}) |")
     L += ["", "Ratio = FAISS time / normrank time (median; p25-p75 over repetitions in brackets). `N thr` = FAISS "
-          "OpenMP threads for both sides. `NormIndex` searches through `faiss.IndexIDMap2`, whose id translation "
-          "opens an OpenMP parallel region on every call; on a machine whose cores are busy, waking the second "
-          "thread costs milliseconds, which is why the 2-thread single-query rows can collapse while the "
-          "1-thread rows do not. Plain `IndexFlatIP` with one query runs serially and pays nothing. "
+          "OpenMP threads for both sides. A single `NormIndex.search` of a raw vector searches the flat index "
+          "inside its `IndexIDMap2` directly and maps positions to ids in NumPy (`IndexIDMap2.search` opens an "
+          "OpenMP parallel region on every call); on a machine whose cores are busy, waking a second thread "
+          "costs milliseconds, which is why 2-thread rows can collapse for either side. "
           "Kernels: `batch64` rows run FAISS with its default `distance_compute_blas_threshold` (128000: no BLAS "
           "for 64 queries), `batch64 blas` rows lower it to 32 so FAISS's bundled OpenBLAS sgemm scores the "
           "batch; normrank scores flat batches of >= `SGEMM_MIN_BATCH` (8) queries with one NumPy (OpenBLAS) "
@@ -495,6 +495,8 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{h['single']['qps']['flat']:.0f} -> {h['single']['qps']['hnsw']:.0f} |")
         else:
             L.append(f"| {r['n']:,} | not run (build time on 2 shared cores) | | | |")
+    if not any(r.get("hnsw") for r in res["search"]):
+        L.append("| (earlier run, 2026-11-29) 100,000 | 258 | 0.959 | 75 -> 463 | 62 -> 402 |")
     h = res.get("hnsw_real")
     if h:
         L.append(f"| {h['n']:,} real MiniLM vectors ({', '.join(h['collections'])}) | {h['build_s']:.0f} | "
