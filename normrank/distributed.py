@@ -41,7 +41,7 @@ from normrank.errors import (
     IndexFormatError,
     InvalidArgumentError,
 )
-from normrank.store import _as_metadatas, _check_ids
+from normrank.index_base import _as_metadatas, _check_ids
 
 logger = logging.getLogger(__name__)
 

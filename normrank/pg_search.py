@@ -20,11 +20,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from normrank.calibration import FEATURES, NormCalibrator
+from normrank.candidate_set import CandidateSet
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
+from normrank.index_base import MetadataFilter, _check_k, _match
 from normrank.pg_sql import TableNames, filter_sql
 from normrank.pg_state import COLUMN_SCALE, PG_HIGH, check_pg_option
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
-from normrank.store import CandidateSet, MetadataFilter, _check_k, _match
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

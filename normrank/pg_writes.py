@@ -24,10 +24,16 @@ from normrank.errors import (
     InvalidArgumentError,
     UnknownIdError,
 )
+from normrank.index_base import _check_ids
 from normrank.pg_sql import TableNames, create_tables_sql, hnsw_index_sql
-from normrank.pg_state import COLUMN_SCALE, MAX_DIM, MAX_HNSW_DIM, PgIndexType, check_index_type
+from normrank.pg_state import (
+    COLUMN_SCALE,
+    MAX_DIM,
+    MAX_HNSW_DIM,
+    PgIndexType,
+    check_index_type,
+)
 from normrank.scoring import Weights, doc_column
-from normrank.store import _check_ids
 
 #: Longest id accepted (UTF-8 bytes): the primary-key btree refuses entries much beyond 2.7 kB.
 MAX_ID_BYTES = 2048

@@ -27,7 +27,7 @@ server dropped is reopened once per call; if that fails too the call raises ``Ba
 No message or repr shows the DSN's password.
 
 All scoring arithmetic comes from :mod:`normrank.scoring`, the calibration from
-:mod:`normrank.calibration`, the query handling from :class:`normrank.store.BlendIndexBase`:
+:mod:`normrank.calibration`, the query handling from :class:`normrank.index_base.BlendIndexBase`:
 the two backends cannot drift apart.
 """
 
@@ -54,6 +54,7 @@ from normrank.errors import (
     InvalidTextError,
     UnknownIdError,
 )
+from normrank.index_base import BlendIndexBase, Record, _check_ids
 from normrank.pg_connection import (
     DSN_ENV,
     connection_lost,
@@ -79,7 +80,6 @@ from normrank.pg_state import (  # COLUMN_SCALE, MAX_HNSW_DIM, PgIndexType: also
 )
 from normrank.pg_writes import PgWriteMixin
 from normrank.scoring import Weights
-from normrank.store import BlendIndexBase, Record, _check_ids
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

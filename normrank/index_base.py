@@ -1,0 +1,293 @@
+"""What every normrank store shares, whichever engine holds the vectors.
+
+:class:`BlendIndexBase` carries the encoder, the weights, door validation of ids, texts and metadata,
+query encoding and the query-conditioned weight; :class:`~normrank.store.NormIndex` (FAISS) and
+:class:`~normrank.pgvector_store.PgVectorNormIndex` (PostgreSQL) add storage and search. Kept apart
+from the FAISS store so the pgvector backend does not import FAISS code it never runs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from normrank._validation import (
+    UNIT_NORM_TOLERANCE,
+    as_matrix,
+    check_metadata,
+    check_norm_signal,
+    check_option,
+    check_text,
+)
+from normrank.calibration import NormCalibrator
+from normrank.encoders import RawEncoder, check_texts
+from normrank.errors import (
+    DimensionMismatchError,
+    DuplicateIdError,
+    EmptyCorpusError,
+    InvalidArgumentError,
+    InvalidIdError,
+    UnitNormError,
+)
+from normrank.scoring import Hit, Weights
+
+logger = logging.getLogger(__name__)
+
+MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class Record:
+    """What the store keeps per document besides its vector."""
+
+    id: str
+    text: str | None
+    metadata: dict[str, Any]
+    norm: float
+    token_count: int
+
+
+def _check_ids(ids: Sequence[Any], *, allow_nul: bool = True) -> list[str]:
+    """Non-empty strings that can be stored as UTF-8 (and, for pgvector, hold no NUL)."""
+    out = list(ids)
+    for i, x in enumerate(out):
+        if not isinstance(x, str) or not x:
+            raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
+        check_text(x, f"id {i}", allow_nul=allow_nul)
+    return out
+
+
+def _check_k(k: Any) -> int:
+    """``k`` as a Python int (NumPy integers welcome), or a named error for 0, bools, floats and strings."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k <= 0:
+        raise InvalidArgumentError(f"k must be a positive integer, got {k!r}")
+    return check_option("k", k)
+
+
+def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
+    if callable(flt):
+        return bool(flt(metadata))
+    for key, want in flt.items():
+        have = metadata.get(key)
+        if isinstance(want, (list, tuple, set, frozenset)):
+            if have not in want:
+                return False
+        elif have != want:
+            return False
+    return True
+
+
+@runtime_checkable
+class SearchableIndex(Protocol):
+    """What the framework adapters need of an index: :class:`NormIndex`, or the pgvector backend's."""
+
+    def __len__(self) -> int: ...
+
+    def search(self, query: Any, k: int = 10, *, filter: Any = None) -> list[Hit]: ...
+
+    def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
+                  metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
+
+
+class BlendIndexBase:
+    """What every normrank store shares, whatever holds the vectors (FAISS here, PostgreSQL in
+    :mod:`normrank.pgvector_store`): the encoder, the weights, query encoding and weighting, and the
+    norm column's shaping. One implementation, so the backends cannot drift apart.
+
+    Subclasses set ``_encoder``, ``_dim``, ``_weights``, ``calibrator`` and ``query_calibrator`` and
+    implement ``add_vectors`` and ``_precheck_ids`` (which calls :meth:`_batch_ids`).
+    """
+
+    _encoder: RawEncoder | None
+    _dim: int | None
+    #: Whether texts, ids and metadata may hold NUL characters (PostgreSQL cannot store them).
+    _allow_nul: bool = True
+    _weights: Weights
+    calibrator: NormCalibrator
+    query_calibrator: NormCalibrator | None
+
+    # ------------------------------------------------------------ properties
+    @property
+    def encoder(self) -> RawEncoder:
+        if self._encoder is None:
+            self._encoder = RawEncoder()
+        return self._encoder
+
+    @property
+    def dim(self) -> int | None:
+        return self._dim
+
+    @property
+    def weights(self) -> Weights:
+        return self._weights
+
+    def _batch_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
+        """New uuids, or the given ids checked for type, count and duplicates within the batch."""
+        if ids is None:
+            return [uuid.uuid4().hex for _ in range(n)]
+        out = _check_ids(ids, allow_nul=self._allow_nul)
+        if len(out) != n:
+            raise InvalidArgumentError(f"{len(out)} ids for {n} documents")
+        seen: set[str] = set()
+        for x in out:
+            if x in seen:
+                raise DuplicateIdError(f"id {x!r} is given twice in this batch")
+            seen.add(x)
+        return out
+
+    def _check_batch(
+        self, vectors: np.ndarray, token_counts: Sequence[int] | np.ndarray,
+        texts: Sequence[str | None] | None, metadatas: Sequence[Mapping[str, Any]] | None, *, empty: bool,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str | None], list[dict[str, Any]]]:
+        """Validate a batch for ``add_vectors`` before anything is stored: matrix, norms, counts, texts, metadata."""
+        mat = as_matrix(vectors, self._dim)
+        n = mat.shape[0]
+        # Rounded to float32, the precision a saved index keeps, so save/load changes no score.
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1).astype(np.float32).astype(np.float64)
+        check_norm_signal(norms) if empty else _check_unit(norms)
+        counts = _as_counts(token_counts)
+        if counts.size != n:
+            raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
+        text_list = list(texts) if texts is not None else [None] * n
+        if len(text_list) != n:
+            raise InvalidArgumentError(f"{len(text_list)} texts for {n} vectors")
+        for i, t in enumerate(text_list):
+            if t is not None and not isinstance(t, str):
+                raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
+            if t is not None:
+                check_text(t, f"text {i}", allow_nul=self._allow_nul)
+        return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul)
+
+    def add_texts(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        metadatas: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        show_progress: bool | None = None,
+    ) -> list[str]:
+        """Encode and add texts; returns their ids (new uuids where none are given)."""
+        items = check_texts(texts)
+        if not items:
+            raise EmptyCorpusError("no texts given")
+        for i, t in enumerate(items):  # before the (slow) encoding, which would choke on them anyway
+            check_text(t, f"text {i}", allow_nul=self._allow_nul)
+        if metadatas is not None:
+            _as_metadatas(metadatas, len(items), allow_nul=self._allow_nul)
+        new_ids = self._precheck_ids(ids, len(items))  # fail before the (slow) encoding
+        vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
+        return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
+
+    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None) -> None:
+        """Make a fit's weights and query calibration live together, or neither (called by ``fit``).
+
+        Both change under the store's lock, which every search holds for its whole run, so a
+        search sees the state before the fit or after it, never the new query calibration with
+        the old weights. On failure the previous weights and calibration stay.
+        """
+        with self._lock:  # type: ignore[attr-defined]
+            old = self.query_calibrator
+            if query_calibrator is not None:
+                self.query_calibrator = query_calibrator
+            try:
+                self.set_weights(weights)  # type: ignore[attr-defined]
+            except BaseException:
+                self.query_calibrator = old
+                raise
+
+    def _shaped_feature(self, cal: NormCalibrator, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        return self._weights.shape(cal.transform(norms, counts, self._weights.feature))
+
+    def _current_column_key(self) -> tuple[Any, ...]:
+        w = self._weights
+        return (w.feature, w.clip, w.squash, w.mode == "tiebreak", json.dumps(self.calibrator.to_dict()))
+
+    def _encode_texts(self, queries: Sequence[str | np.ndarray]) -> tuple[Any, Any]:
+        """Encode the text queries; needs no index state, so searches call it before taking the lock."""
+        texts = [q for q in queries if isinstance(q, str)]
+        for i, q in enumerate(texts):
+            check_text(q, f"query {i}")
+        return self.encoder.encode_with_counts(texts) if texts else (None, None)
+
+    def _encode_queries(
+        self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None,
+        encoded: tuple[Any, Any] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Unit query vectors, raw norms and token counts (counts -1 where unknown)."""
+        if token_counts is not None and len(token_counts) != len(queries):
+            raise InvalidArgumentError(f"{len(token_counts)} query token counts for {len(queries)} queries")
+        enc_vecs, enc_counts = encoded if encoded is not None else self._encode_texts(queries)
+        rows, counts = [], []
+        t = 0
+        for i, q in enumerate(queries):
+            if isinstance(q, str):
+                rows.append(enc_vecs[t])
+                counts.append(int(enc_counts[t]))
+                t += 1
+            else:
+                rows.append(np.asarray(q, dtype=np.float32).ravel())
+                given = None if token_counts is None else token_counts[i]
+                counts.append(-1 if given is None else int(given))
+        if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
+            bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
+            raise DimensionMismatchError(f"dimension mismatch: query has dimension {bad}, the index {self._dim}")
+        mat = as_matrix(np.stack(rows), self._dim)
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
+
+    def _query_weights(self, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        w = self._weights
+        if w.b == 0.0:
+            return np.full(norms.shape, w.a, dtype=np.float64)
+        if np.any(counts < 1):
+            raise InvalidArgumentError(
+                "a query vector was given without its token count, which the query-conditioned weight "
+                "(b != 0) needs: pass query_token_count, or search with the query text"
+            )
+        if np.any(np.abs(norms - 1.0) < 1e-3):
+            raise UnitNormError(
+                "a query vector is unit length, so its norm cannot set the query-conditioned weight (b != 0): "
+                "search with the query text, or pass a raw vector from normrank.RawEncoder"
+            )
+        cal = self.query_calibrator
+        if cal is None:
+            logger.warning("no query calibration: using the document calibration for query features")
+            cal = self.calibrator
+        return w.query_weight(cal.transform(norms, counts, w.feature))
+
+
+def _check_unit(norms: np.ndarray) -> None:
+    """Against a calibrated corpus refuse only unit-length batches: equal norms (a text added twice) are fine."""
+    if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
+        check_norm_signal(norms)
+
+
+def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    try:
+        raw = np.asarray(token_counts, dtype=np.float64).ravel()
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
+    if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
+        raise InvalidArgumentError("token counts must be whole numbers >= 1")
+    return raw.astype(np.int64)
+
+
+def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,
+                  allow_nul: bool = True) -> list[dict[str, Any]]:
+    """Deep copies through JSON: the store never shares a dict with the caller, and holds exactly
+    what a save writes (so keys become strings and tuples lists now, not after a reload). Bounded
+    in depth and size, finite, UTF-8 clean (:func:`normrank._validation.check_metadata`)."""
+    if metadatas is None:
+        return [{} for _ in range(n)]
+    if isinstance(metadatas, Mapping):
+        raise InvalidArgumentError("metadatas must be a list of dicts, one per document, not a single dict")
+    metas = list(metadatas)
+    if len(metas) != n:
+        raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
+    return [check_metadata(m, f"metadata {i}", allow_nul=allow_nul) for i, m in enumerate(metas)]
