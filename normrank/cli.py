@@ -367,15 +367,17 @@ def _hit_line(rank: int, h: Any, width: int) -> str:
 
 
 def _group(hits: list[Any], key: str, k: int) -> list[tuple[str, list[Any]]]:
-    """The hits grouped by ``metadata[key]`` (a hit without it is its own group), best group first,
-    at most ``k`` groups."""
+    """The hits grouped by ``metadata[key]`` (a hit without it is its own group), best group first:
+    at most ``k`` groups of at most ``k`` hits each, so ``-k 3`` never prints a page per file."""
     groups: dict[str, list[Any]] = {}
     for h in hits:
         value = h.metadata.get(key)
         label = h.id if value is None else str(value)
         if label not in groups and len(groups) >= k:
             continue
-        groups.setdefault(label, []).append(h)
+        members = groups.setdefault(label, [])
+        if len(members) < k:
+            members.append(h)
     return list(groups.items())
 
 

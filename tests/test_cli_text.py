@@ -94,6 +94,10 @@ def test_search_groups_chunks_by_source(chunked, capsys):
     assert [g["key"] for g in res["groups"]][0] == f"docs/{'a' * 30}-1.md"
     assert all(len({h["metadata"]["source"] for h in res["hits"] if h["id"] in g["ids"]}) == 1
                for g in res["groups"])
+    # -k bounds the hits shown per group too: a file of many chunks never prints a page of them
+    assert main(["search", str(chunked), "how is bread made", "-k", "1", "--group-by", "source", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert len(res["groups"]) == 1 and len(res["groups"][0]["ids"]) == 1 and len(res["hits"]) == 1
 
 
 def test_fit_text_output_and_the_empty_document_message(tmp_path, capsys, encoder):
