@@ -310,16 +310,8 @@ class NormRankVectorStore(VectorStore):
             raise InvalidArgumentError("delete takes a list of ids, got a single string")
         wanted = list(dict.fromkeys(_check_ids_given(list(ids))))
         with self._rw.write():
-            for _ in range(3):
-                present = [x for x in wanted if x in self.index]
-                if not present:
-                    return True
-                try:
-                    self.index.delete(present)
-                    return True
-                except UnknownIdError:  # deleted meanwhile by someone else (another process): look again
-                    continue
-            raise UnknownIdError(f"ids kept changing while deleting: {wanted[:5]}")
+            self._on_present(wanted, self.index.delete, "deleting")
+        return True
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Stored documents for these ids, in the order given; missing ids are skipped, repeats given once."""
@@ -327,16 +319,21 @@ class NormRankVectorStore(VectorStore):
             raise InvalidArgumentError("get_by_ids takes a list of ids, got a single string")
         wanted = list(dict.fromkeys(_check_ids_given(list(ids))))
         with self._rw.read():
-            for _ in range(3):
-                present = [x for x in wanted if x in self.index]
-                if not present:
-                    return []
-                try:
-                    records = self.index.get(present)
-                except UnknownIdError:
-                    continue
-                return [Document(page_content=r.text or "", metadata=r.metadata, id=r.id) for r in records]
-            raise UnknownIdError(f"ids kept changing while reading: {wanted[:5]}")
+            records = self._on_present(wanted, self.index.get, "reading") or []
+        return [Document(page_content=r.text or "", metadata=r.metadata, id=r.id) for r in records]
+
+    def _on_present(self, wanted: list[str], action: Callable[[list[str]], Any], doing: str) -> Any:
+        """``action`` on those of ``wanted`` the index holds now (``None`` when it holds none). An id that
+        another process deletes in between makes the index raise: look again, a few times."""
+        for _ in range(3):
+            present = [x for x in wanted if x in self.index]
+            if not present:
+                return None
+            try:
+                return action(present)
+            except UnknownIdError:
+                continue
+        raise UnknownIdError(f"ids kept changing while {doing}: {wanted[:5]}")
 
     # ------------------------------------------------------------ searching
     def _query(self, query: str) -> tuple[np.ndarray, int]:
