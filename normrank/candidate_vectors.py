@@ -50,11 +50,15 @@ EXPLANATION_KEY = "normrank"
 EXPLANATION_FIELDS: tuple[str, ...] = ("score", "cosine", "norm_feature", "weight", "norm")
 
 
+def explain(hit: Hit) -> dict[str, float]:
+    """A hit's score and its parts (:data:`EXPLANATION_FIELDS`) as plain floats: the value under
+    :data:`EXPLANATION_KEY`."""
+    return {k: float(v) for k, v in hit.explain().items()}
+
+
 def explanation(hit: Hit, **extra: Any) -> dict[str, dict[str, Any]]:
     """``{"normrank": {score, cosine, norm_feature, weight, norm, **extra}}`` for a document's metadata."""
-    parts = {"score": float(hit.score), "cosine": float(hit.cosine), "norm_feature": float(hit.norm_feature),
-             "weight": float(hit.weight), "norm": float(hit.norm)}
-    return {EXPLANATION_KEY: {**parts, **extra}}
+    return {EXPLANATION_KEY: {**explain(hit), **extra}}
 
 
 def unscored_explanation(reason: str, **extra: Any) -> dict[str, dict[str, Any]]:

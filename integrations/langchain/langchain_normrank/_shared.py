@@ -17,13 +17,12 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from normrank._validation import check_option
+from normrank.candidate_vectors import EXPLANATION_KEY  # noqa: F401  (re-exported to the LangChain modules)
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
 from normrank.scoring import Hit
 
 logger = logging.getLogger(__name__)
 
-#: The metadata key holding a result's score and its explanation. One key, so no user key is overwritten.
-EXPLANATION_KEY = "normrank"
 
 TokenCounter = Callable[[list[str]], Sequence[int]]
 

@@ -26,7 +26,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, Query
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
-from normrank.candidate_vectors import EXPLANATION_FIELDS, EXPLANATION_KEY, is_explanation
+from normrank.candidate_vectors import EXPLANATION_KEY, explain, is_explanation
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
 from normrank.scoring import SCORE_KEYS, Hit
 from normrank.store import MetadataFilter, NormIndex, SearchableIndex
@@ -35,13 +35,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["EXPLANATION_KEY", "NormRankRetriever", "SCORE_KEYS", "add_nodes", "check_reserved", "explain",
            "explanation", "hidden_keys", "is_explanation", "with_explanation"]
-
-
-def explain(hit: Hit) -> dict[str, float]:
-    """A hit's score and its parts (``EXPLANATION_FIELDS``): the value stored under :data:`EXPLANATION_KEY`
-    (``"normrank"``, shared with the re-rankers through :mod:`normrank.candidate_vectors`)."""
-    values = (hit.score, hit.cosine, hit.norm_feature, hit.weight, hit.norm)
-    return {k: float(v) for k, v in zip(EXPLANATION_FIELDS, values, strict=True)}
 
 
 def explanation(hit: Hit) -> dict[str, float]:
