@@ -41,6 +41,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -274,7 +275,8 @@ def _plain_name(name: object) -> bool:
     return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name and name not in (".", "..")
 
 
-def _verify(root: Path, format_version: int, required: Iterable[str]) -> tuple[Path, dict[str, Any]]:
+def _verify(root: Path, format_version: int, required: Iterable[str],
+            deferred: Iterable[str] = ()) -> tuple[Path, dict[str, Any]]:
     current = root / CURRENT
     if not current.is_symlink():
         raise IndexFormatError(f"{root} is not a saved normrank index (no '{CURRENT}' version link)")
@@ -316,29 +318,74 @@ def _verify(root: Path, format_version: int, required: Iterable[str]) -> tuple[P
                 f"file {name} of the index at {root} is a symbolic link; refusing to follow it out of the index folder")
         if not path.is_file():
             raise IndexFormatError(f"file {name} of the index at {root} is missing")
-        if sha256_file(path) != digest:
-            raise IndexFormatError(
-                f"checksum mismatch for {name} in the index at {root}: the file was truncated or altered"
-            )
+        if name not in deferred and sha256_file(path) != digest:
+            raise _mismatch(name, root)
     return folder, manifest
+
+
+def _mismatch(name: str, root: Path) -> IndexFormatError:
+    return IndexFormatError(f"checksum mismatch for {name} in the index at {root}: the file was truncated or altered")
+
+
+class _DeferredDigest:
+    """A file's checksum computed in a thread (hashlib releases the GIL), while the caller parses it."""
+
+    def __init__(self, path: Path, expected: str) -> None:
+        self.path, self.expected = path, expected
+        self.result: str | BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="normrank-checksum", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.result = sha256_file(self.path)
+        except BaseException as exc:  # noqa: BLE001  (re-raised by ok(), in the caller's thread)
+            self.result = exc
+
+    def ok(self) -> bool:
+        self.thread.join()
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return self.result == self.expected
 
 
 @contextmanager
 def reading(
-    root: str | os.PathLike[str], format_version: int, required: Iterable[str] = ()
+    root: str | os.PathLike[str], format_version: int, required: Iterable[str] = (), *,
+    deferred: Iterable[str] = (),
 ) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Yield the verified current version folder and its manifest, holding the shared lock.
 
     Read every file inside the ``with`` block: a concurrent save may remove this
-    version as soon as the block ends.
+    version as soon as the block ends. Files named in ``deferred`` (large ones) are
+    checksummed in a thread while the block reads them; a mismatch raises the same
+    ``IndexFormatError`` when the block ends, in place of any error the block raised while
+    parsing the altered file, so nothing read from it is ever returned.
     """
     root = Path(root)
+    deferred = tuple(deferred)
     if not root.exists():
         raise FileNotFoundError(f"no saved index at {root}")
     if not root.is_dir():
         raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
     with _locked(root, exclusive=False):
-        yield _verify(root, format_version, required)
+        folder, manifest = _verify(root, format_version, required, deferred)
+        checks = {name: _DeferredDigest(folder / name, manifest["files"][name])
+                  for name in deferred if name in manifest["files"]}
+
+        def first_bad() -> str | None:
+            return next((name for name, check in checks.items() if not check.ok()), None)
+
+        try:
+            yield folder, manifest
+        except BaseException as exc:
+            bad = first_bad()
+            if bad is not None:
+                raise _mismatch(bad, root) from exc
+            raise
+        bad = first_bad()
+        if bad is not None:
+            raise _mismatch(bad, root)
 
 
 def open_verified(

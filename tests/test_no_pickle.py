@@ -128,7 +128,7 @@ def test_saved_index_has_no_pickled_arrays(tmp_path):
     index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(30)], metadatas=[{"i": i} for i in range(30)])
     folder = index.save(tmp_path / "idx")
     npys = sorted(folder.glob("*.npy"))
-    assert [p.name for p in npys] == ["norms.npy", "token_counts.npy", "tombstones.npy"]
+    assert [p.name for p in npys] == ["lengths.npy", "norms.npy", "token_counts.npy", "tombstones.npy"]
     for p in npys:
         arr = np.load(p, allow_pickle=False)
         assert arr.dtype != object

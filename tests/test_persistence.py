@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from normrank import IndexFormatError, NormIndex, Weights
-from normrank import persistence
+from normrank import IndexFormatError, NormIndex, Weights, persistence
+from normrank.doc_columns import COLUMN_FILES
 from normrank.store import FORMAT_VERSION, SAVED_FILES
 from tests.conftest import synthetic
 
@@ -79,7 +80,7 @@ def test_manifest_carries_version_dimension_count_and_checksums(tmp_path):
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["format_version"] == FORMAT_VERSION
     assert manifest["dim"] == 16 and manifest["count"] == 25
-    assert set(manifest["files"]) == set(SAVED_FILES)
+    assert set(manifest["files"]) == set(SAVED_FILES) | set(COLUMN_FILES)
     for name, digest in manifest["files"].items():
         assert persistence.sha256_file(folder / name) == digest
     assert (tmp_path / "idx" / "current").is_symlink()
@@ -95,7 +96,7 @@ def _damage(path: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncate", "alter"])
-@pytest.mark.parametrize("name", SAVED_FILES)
+@pytest.mark.parametrize("name", SAVED_FILES + COLUMN_FILES)
 def test_damaged_file_is_named(tmp_path, name, how):
     folder = make_index(n=30).save(tmp_path / "idx")
     _damage(folder / name, how)
@@ -125,7 +126,8 @@ def test_newer_format_version_says_upgrade(tmp_path):
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda m: m["files"].pop("records.jsonl"), "does not list records.jsonl"),
+    (lambda m: m["files"].pop("ids.utf8"), "does not list ids.utf8"),
+    (lambda m: m["files"].pop("index.faiss"), "does not list index.faiss"),
     (lambda m: m.update(count=m["count"] + 1), "inconsistent: 30 records.*manifest count 31"),
     (lambda m: m.update(dim=17), "inconsistent: manifest dim 17, state dim 16"),
     (lambda m: m.pop("format_version"), "no valid format_version"),
@@ -367,3 +369,113 @@ def test_first_save_killed_before_publishing_does_not_block_the_next(tmp_path, w
     index.save(root)
     assert [p.name for p in root.iterdir() if p.name.startswith("v-")] == [os.readlink(root / "current")]
     assert snapshot(NormIndex.load(root)) == snapshot(index)
+
+
+# ------------------------------------------------------------------ format 1 (records.jsonl) still loads
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def _v1_copy(tmp_path: Path) -> Path:
+    root = tmp_path / "index-v1"
+    shutil.copytree(FIXTURES / "index-v1", root, symlinks=True)
+    return root
+
+
+def test_an_index_saved_in_format_1_loads_searches_and_resaves_as_format_2(tmp_path):
+    """``tests/fixtures/index-v1`` was written by normrank before column storage (one JSON object per
+    document in records.jsonl). It loads to the same index a fresh build of its data gives, and saving
+    it again writes format 2, which loads to the same answers."""
+    sys.path.insert(0, str(FIXTURES))
+    try:
+        from make_index_v1 import fixture_data
+    finally:
+        sys.path.remove(str(FIXTURES))
+    d = fixture_data()
+    fresh = NormIndex(dim=16, weights=Weights(**d["weights"]))
+    fresh.add_vectors(d["vecs"], d["counts"], ids=d["ids"], texts=d["texts"], metadatas=d["metas"])
+    fresh.delete(d["deleted"])
+    root = _v1_copy(tmp_path)
+    v1 = root / os.readlink(root / "current")
+    assert json.loads((v1 / "manifest.json").read_text())["format_version"] == 1 and (v1 / "records.jsonl").is_file()
+    old = NormIndex.load(root)
+    assert old.ids() == fresh.ids() and len(old) == 22
+    assert old.get(old.ids()) == fresh.get(fresh.ids())
+    for q in d["queries"]:
+        assert old.search(q, 6, query_token_count=9) == fresh.search(q, 6, query_token_count=9)
+        assert old.search(q, 4, query_token_count=9, filter={"source": "s0"}) == \
+            fresh.search(q, 4, query_token_count=9, filter={"source": "s0"})
+    np.testing.assert_array_equal(old.vectors(["doc-1", "dök/0#ü\n0"]), fresh.vectors(["doc-1", "dök/0#ü\n0"]))
+    old.add_vectors(d["vecs"][:2], [5, 6], ids=["new-a", "new-b"], texts=["a", None])
+    folder = old.save(root)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION == 2 and not (folder / "records.jsonl").exists()
+    again = NormIndex.load(root)
+    assert again.ids() == old.ids() and again.get(again.ids()) == old.get(old.ids())
+    for q in d["queries"]:
+        assert again.search(q, 8, query_token_count=9) == old.search(q, 8, query_token_count=9)
+
+
+def test_format_1_without_its_records_is_named(tmp_path):
+    root = _v1_copy(tmp_path)
+    v1 = root / os.readlink(root / "current")
+    _edit_manifest(v1, lambda m: m["files"].pop("records.jsonl"))
+    with pytest.raises(IndexFormatError, match="does not list records.jsonl"):
+        NormIndex.load(root)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda f: np.save(f / "lengths.npy", np.load(f / "lengths.npy")[:-1]), "document columns do not match"),
+    (lambda f: np.save(f / "lengths.npy", np.load(f / "lengths.npy") + np.array([1, 0])), "ids.utf8 does not hold"),
+    (lambda f: np.save(f / "lengths.npy", np.load(f / "lengths.npy") * np.array([1, 0])), "texts.utf8 does not hold"),
+    (lambda f: (f / "metadata.json").write_text("[1]"), "document columns do not match"),
+    (lambda f: (f / "metadata.json").write_text(json.dumps([[]] * 30)), "metadata that is not a JSON object"),
+    (lambda f: (f / "ids.utf8").write_text((f / "ids.utf8").read_text().replace("d1", "d0")), "repeat an id"),
+])
+def test_inconsistent_document_columns_are_named(tmp_path, change, message):
+    """Columns that pass their checksums (rewritten with the manifest) but disagree with each other."""
+    folder = make_index(n=30).save(tmp_path / "idx")
+    change(folder)
+    m = json.loads((folder / "manifest.json").read_text())
+    for name in COLUMN_FILES:
+        m["files"][name] = persistence.sha256_file(folder / name)
+    (folder / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match=message):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_a_damaged_faiss_file_is_named_even_when_faiss_fails_first(tmp_path):
+    """index.faiss is checksummed while FAISS parses it: a header FAISS cannot read still gives the
+    checksum error that names the file, not FAISS's own message."""
+    folder = make_index(n=30).save(tmp_path / "idx")
+    data = bytearray((folder / "index.faiss").read_bytes())
+    data[0:4] = b"XXXX"  # not a FAISS index type
+    (folder / "index.faiss").write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="checksum mismatch for index.faiss"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_columns_survive_deletes_saves_and_later_changes(tmp_path):
+    """Deleted slots leave holes in the internal ids; a save and load keep every live document's id,
+    text (None included), metadata and numbers, and the loaded index keeps adding and deleting with
+    fresh internal ids, the same as the index it was saved from."""
+    index = make_index(n=60)
+    index.add_vectors(synthetic(3, dim=16, seed=4)[0], [3, 4, 5], ids=["t-none", "t-empty-meta", "t-ü"],
+                      texts=[None, "", "ü ✓"], metadatas=[{}, {}, {"k": {"deep": [1, None]}}])
+    index.delete([f"d{i}" for i in range(0, 60, 3)] + ["t-empty-meta"])
+    index.save(tmp_path / "idx")
+    loaded = NormIndex.load(tmp_path / "idx")
+    assert loaded.ids() == index.ids() and loaded.get(loaded.ids()) == index.get(index.ids())
+    assert [r.text for r in loaded.get(["t-none", "t-ü"])] == [None, "ü ✓"]
+    assert loaded.get(["t-none"])[0].metadata == {}
+    extra, counts = synthetic(5, dim=16, seed=7)
+    for idx in (index, loaded):
+        idx.add_vectors(extra, counts, ids=[f"x{i}" for i in range(5)], texts=[f"x {i}" for i in range(5)])
+        idx.delete(["d1", "x2"])
+    assert loaded.ids() == index.ids() and loaded.get(loaded.ids()) == index.get(index.ids())
+    for q in queries():
+        assert loaded.search(q, 12) == index.search(q, 12)
+        assert loaded.search(q, 5, filter={"tag": "x"}) == index.search(q, 5, filter={"tag": "x"})
+    hit = loaded.search(queries()[0], 1)[0]
+    hit.metadata["tag"] = "changed"  # a hit's metadata is the caller's copy
+    assert loaded.get([hit.id])[0].metadata.get("tag") != "changed"

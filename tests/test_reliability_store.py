@@ -522,7 +522,7 @@ def test_a_real_write_limit_during_save_is_a_persistence_error(tmp_path):
 
 # ------------------------------------------------------------------ 15. symlinks in a saved folder are not followed
 
-@pytest.mark.parametrize("name", ["records.jsonl", "state.json", "index.faiss", "manifest.json"])
+@pytest.mark.parametrize("name", ["texts.utf8", "metadata.json", "state.json", "index.faiss", "manifest.json"])
 def test_a_file_linked_outside_the_folder_is_refused(tmp_path, name):
     index, _, _ = make(n=40)
     folder = index.save(tmp_path / "idx")

@@ -194,3 +194,22 @@ def test_an_index_saved_unpadded_loads_and_round_trips_awkward_texts(tmp_path) -
     assert loaded.get(["id\u20281", "id\u20282"]) == old.get(["id\u20281", "id\u20282"])
     for q in raw[:4]:
         assert loaded.search(q, 5) == old.search(q, 5)
+
+
+def test_hnsw_single_vector_path_equals_the_general_path() -> None:
+    """A single raw vector on HNSW takes the lean path (inner graph, no IDMap2 wrapper): the same hits as
+    the general batch path, which searches through FAISS's own id map; k beyond what the graph finds
+    is padded the same way (fewer hits, never a wrong id)."""
+    raw, counts = _corpus(1500, seed=5)
+    ids = [f"h{i}" for i in range(len(raw))]
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type="hnsw", ef_search=16)
+    index.add_vectors(raw, counts, ids=ids)
+    queries, _ = _corpus(20, seed=6)
+    for q in queries:
+        lean = index.search(q, 10)
+        assert lean == index.search_batch([q], 10)[0]
+        assert len(lean) == 10 and len({h.id for h in lean}) == 10
+    # after a delete the general path (which skips tombstones) answers, and never returns the deleted id
+    top = index.search(queries[0], 1)[0].id
+    index.delete([top])
+    assert top not in {h.id for h in index.search(queries[0], 10)}

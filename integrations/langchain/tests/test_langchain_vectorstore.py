@@ -509,8 +509,8 @@ def test_save_local_load_local_round_trip(store, tmp_path, queries):
         NormRankVectorStore.load_local(tmp_path / "lc", allow_dangerous_deserialization=False)
     with pytest.raises(FileNotFoundError):
         NormRankVectorStore.load_local(tmp_path / "nothing-here")
-    records = next((tmp_path / "lc").glob("v-*")) / "records.jsonl"
-    records.write_text(records.read_text().replace("astro", "astrx"))
+    metadata = next((tmp_path / "lc").glob("v-*")) / "metadata.json"
+    metadata.write_text(metadata.read_text().replace("astro", "astrx"))
     with pytest.raises(IndexFormatError):
         NormRankVectorStore.load_local(tmp_path / "lc")
 

@@ -1,0 +1,226 @@
+"""Per-document data of a :class:`normrank.NormIndex`, held as columns by internal id.
+
+Why columns: one frozen ``Record`` object (and its ``__dict__``) per document plus a dict
+keyed by internal id cost ~900 bytes of RSS per document over a bare FAISS index, and
+building 100k of them was most of a load. Here the numbers are NumPy arrays (norm, token
+count, shaped feature g(d), alive flag), the strings are plain lists (the id and text
+objects a user's own docstore would hold too), an empty metadata dict is stored as
+``None``, and only the id -> internal id dict is per-document Python. A ``Record`` is
+built on demand, for the few documents a caller asks for.
+
+On disk (format 2, beside ``index.faiss``; rows in ascending internal id, as FAISS
+lists them): ``ids.utf8`` and ``texts.utf8`` are the strings concatenated, with their
+lengths in characters in ``lengths.npy`` (text length -1 for no text), and
+``metadata.json`` is one JSON array (``null`` for empty metadata). A load decodes each
+blob once and slices it; format 1's ``records.jsonl`` still loads.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from normrank.errors import IndexFormatError
+from normrank.index_base import Record
+
+#: The files :meth:`DocColumns.write` adds to a saved folder (format 2).
+COLUMN_FILES = ("ids.utf8", "texts.utf8", "lengths.npy", "metadata.json")
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class DocColumns:
+    """Ids, texts, metadata, norms, token counts and g(d), indexed by internal id.
+
+    Internal ids are positions: they only grow (a deleted slot stays, empty, so FAISS ids
+    never need renumbering). The caller (the index) holds the lock; nothing here locks.
+    """
+
+    def __init__(self) -> None:
+        self.ids: list[str | None] = []
+        self.texts: list[str | None] = []
+        self.metas: list[dict[str, Any] | None] = []
+        self.by_id: dict[str, int] = {}
+        self.norms = np.zeros(0, dtype=np.float32)  # float32-exact by construction (_check_batch)
+        self.counts = np.zeros(0, dtype=np.int64)
+        self.g = np.zeros(0, dtype=np.float64)  # the shaped feature stored in the FAISS column
+        self.alive = np.zeros(0, dtype=bool)
+        self._live: np.ndarray | None = None
+
+    # ------------------------------------------------------------ size
+    def __len__(self) -> int:
+        return len(self.by_id)
+
+    @property
+    def next(self) -> int:
+        """The next internal id to hand out."""
+        return len(self.ids)
+
+    def _grow(self, need: int) -> None:
+        if need <= self.norms.size:
+            return
+        cap = max(need, 2 * self.norms.size, 64)
+        for name in ("norms", "counts", "g", "alive"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: old.size] = old
+            setattr(self, name, new)
+
+    # ------------------------------------------------------------ changing
+    def append(self, ids: Sequence[str], texts: Sequence[str | None], metas: Sequence[dict[str, Any]],
+               norms: np.ndarray, counts: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Store a batch under the next internal ids (returned); the caller has checked every value."""
+        start, n = self.next, len(ids)
+        self._grow(start + n)
+        sl = slice(start, start + n)
+        self.norms[sl], self.counts[sl], self.g[sl], self.alive[sl] = norms, counts, g, True
+        self.ids.extend(ids)
+        self.texts.extend(texts)
+        self.metas.extend(m or None for m in metas)
+        for j, x in enumerate(ids):
+            self.by_id[x] = start + j
+        self._live = None
+        return np.arange(start, start + n, dtype=np.int64)
+
+    def remove(self, internal: Sequence[int]) -> None:
+        for iid in internal:
+            del self.by_id[self.ids[iid]]  # type: ignore[index]
+            self.ids[iid] = self.texts[iid] = self.metas[iid] = None
+            self.alive[iid] = False
+        self._live = None
+
+    def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
+        self.g[internal] = g
+
+    def reserve_slots(self, total: int) -> None:
+        """Pad the columns with empty (deleted) slots up to ``total`` internal ids."""
+        gap = total - self.next
+        if gap > 0:
+            self._grow(total)
+            self.ids.extend([None] * gap)
+            self.texts.extend([None] * gap)
+            self.metas.extend([None] * gap)
+            self._live = None
+
+    # ------------------------------------------------------------ reading
+    def live(self) -> np.ndarray:
+        """Live internal ids, ascending (cached until the next change)."""
+        if self._live is None:
+            self._live = np.flatnonzero(self.alive[: self.next]).astype(np.int64)
+        return self._live
+
+    def norms_counts(self, internal: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(internal, dtype=np.int64)
+        return self.norms[idx].astype(np.float64), self.counts[idx].copy()
+
+    def metadata(self, iid: int) -> dict[str, Any]:
+        """The stored dict itself (for filters); an empty one for documents without metadata."""
+        return self.metas[iid] or {}
+
+    def record(self, iid: int) -> Record:
+        """A :class:`Record` with a private copy of the metadata."""
+        rec = object.__new__(Record)
+        rec.__dict__.update(id=self.ids[iid], text=self.texts[iid], metadata=copy_metadata(self.metas[iid]),
+                            norm=float(self.norms[iid]), token_count=int(self.counts[iid]))
+        return rec
+
+    # ------------------------------------------------------------ files
+    def write(self, folder: Path, live: np.ndarray) -> None:
+        """Write the string and metadata columns of ``live`` (ascending) into ``folder``."""
+        ids = [self.ids[i] for i in live.tolist()]
+        texts = [self.texts[i] for i in live.tolist()]
+        lengths = np.empty((len(ids), 2), dtype=np.int64)
+        lengths[:, 0] = [len(x) for x in ids]  # type: ignore[arg-type]
+        lengths[:, 1] = [-1 if t is None else len(t) for t in texts]
+        (folder / "ids.utf8").write_bytes("".join(ids).encode("utf-8"))  # type: ignore[arg-type]
+        (folder / "texts.utf8").write_bytes("".join(t for t in texts if t).encode("utf-8"))
+        np.save(folder / "lengths.npy", lengths, allow_pickle=False)
+        with open(folder / "metadata.json", "w", encoding="utf-8") as fh:
+            json.dump([self.metas[i] for i in live.tolist()], fh, ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def read(cls, opener: Callable[[str], BinaryIO], internal: np.ndarray, total: int, norms: np.ndarray,
+             counts: np.ndarray, where: Any) -> DocColumns:
+        """Columns from the files :meth:`write` made; ``internal`` are the FAISS ids of the rows."""
+        with opener("lengths.npy") as fh:
+            lengths = np.load(fh, allow_pickle=False)
+        with opener("ids.utf8") as fh:
+            id_blob = fh.read().decode("utf-8")
+        with opener("texts.utf8") as fh:
+            text_blob = fh.read().decode("utf-8")
+        with opener("metadata.json") as fh:
+            metas = json.loads(fh.read().decode("utf-8"))
+        n = internal.size
+        if (lengths.dtype.kind != "i" or lengths.shape != (n, 2) or not isinstance(metas, list) or len(metas) != n
+                or np.any(lengths[:, 0] < 1) or np.any(lengths[:, 1] < -1)):
+            raise IndexFormatError(f"the index at {where} is inconsistent: the document columns do not match "
+                                   f"its {n} documents")
+        ids = _slices(id_blob, lengths[:, 0], where, "ids.utf8")
+        texts: list[str | None] = _slices(text_blob, np.maximum(lengths[:, 1], 0), where, "texts.utf8")  # type: ignore[assignment]
+        for j in np.flatnonzero(lengths[:, 1] < 0).tolist():
+            texts[j] = None
+        return cls._from_rows(internal, total, ids, texts, metas, norms, counts, where)
+
+    @classmethod
+    def from_records(cls, internal: np.ndarray, total: int, rows: list[Any], norms: np.ndarray,
+                     counts: np.ndarray, where: Any) -> DocColumns:
+        """Columns from format 1's ``records.jsonl`` rows (``{"id", "text", "metadata"}``)."""
+        ids = [r["id"] for r in rows]
+        texts = [r["text"] for r in rows]
+        metas = [r["metadata"] for r in rows]
+        return cls._from_rows(internal, total, ids, texts, metas, norms, counts, where)
+
+    @classmethod
+    def _from_rows(cls, internal: np.ndarray, total: int, ids: list[str], texts: list[str | None],
+                   metas: list[dict[str, Any] | None], norms: np.ndarray, counts: np.ndarray,
+                   where: Any) -> DocColumns:
+        n = internal.size
+        if not (len(ids) == len(texts) == len(metas) == norms.size == counts.size == n):
+            raise IndexFormatError(f"the index at {where} is inconsistent: {len(ids)} records, {n} ids, "
+                                   f"{norms.size} norms, {counts.size} token counts")
+        if not set(map(type, metas)) <= {dict, type(None)}:
+            raise IndexFormatError(f"the index at {where} has metadata that is not a JSON object")
+        if not set(map(type, ids)) <= {str} or "" in ids:  # cheap: a 100k-document load checks it in ~3 ms
+            raise IndexFormatError(f"the index at {where} has an id that is not a non-empty string")
+        if n and (int(internal[0]) < 0 or int(internal[-1]) >= total or np.any(np.diff(internal) <= 0)):
+            raise IndexFormatError(f"the index at {where} is inconsistent: FAISS ids repeat or fall outside 0..{total - 1}")
+        cols = cls()
+        cols._grow(total)
+        pos = internal.tolist()
+        metas = [m or None for m in metas]
+        if n == total:  # no deleted slots (the usual case): the rows are the columns
+            cols.ids, cols.texts, cols.metas = ids, texts, metas  # type: ignore[assignment]
+        else:
+            cols.ids, cols.texts, cols.metas = [None] * total, [None] * total, [None] * total
+            for p, x, t, m in zip(pos, ids, texts, metas):
+                cols.ids[p], cols.texts[p], cols.metas[p] = x, t, m
+        cols.by_id = dict(zip(ids, pos))
+        if len(cols.by_id) != n:
+            raise IndexFormatError(f"the index at {where} is inconsistent: its records repeat an id")
+        cols.norms[internal] = norms
+        cols.counts[internal] = counts
+        cols.alive[internal] = True
+        return cols
+
+
+def _slices(blob: str, lengths: np.ndarray, where: Any, name: str) -> list[str]:
+    ends = np.cumsum(lengths)
+    if (int(ends[-1]) if ends.size else 0) != len(blob):
+        raise IndexFormatError(f"the index at {where} is inconsistent: {name} does not hold the lengths "
+                               "lengths.npy gives")
+    starts = (ends - lengths).tolist()
+    return [blob[a:b] for a, b in zip(starts, ends.tolist())]
+
+
+def copy_metadata(meta: dict[str, Any] | None) -> dict[str, Any]:
+    """A private copy for the caller: flat dicts of scalars by ``dict()``, nested ones by deep copy."""
+    if not meta:
+        return {}
+    for v in meta.values():
+        if not isinstance(v, _SCALARS):
+            return copy.deepcopy(meta)
+    return dict(meta)
