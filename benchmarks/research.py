@@ -856,8 +856,10 @@ def write_markdown(results: dict[str, Any], out: Path, label: str = "") -> None:
     L += (NOTES.splitlines() if not label else
           ["The conclusions of `research.md` were written from all-MiniLM-L6-v2's numbers; this file holds the "
            "same tables for another model (see `models.md` for the side-by-side summary)."])
-    L += ["", f"Plots: `research_forms{sfx}.png` (every form, fitted and oracle), "
-              f"`research_qpp_pruning{sfx}.png` (predictors; pruning vs random).", ""]
+    has_qpp = any("qpp" in results.get(c, {}) and "prune" in results.get(c, {}) for c in colls)
+    L += ["", f"Plots: `research_forms{sfx}.png` (every form, fitted and oracle)"
+              + (f", `research_qpp_pruning{sfx}.png` (predictors; pruning vs random)." if has_qpp else
+                 "; the qpp and prune stages were not run for this model."), ""]
     if colls:
         L += ["## 1. Summary", "", "| | " + " | ".join(colls) + " | mean gain |", "|---" * (len(colls) + 2) + "|"]
         L.append("| cosine nDCG@10 | " + " | ".join(f"{results[c]['rerank']['cosine']:.4f}" for c in colls) + " | |")
