@@ -96,16 +96,6 @@ class DocColumns:
     def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
         self.g[internal] = g
 
-    def reserve_slots(self, total: int) -> None:
-        """Pad the columns with empty (deleted) slots up to ``total`` internal ids."""
-        gap = total - self.next
-        if gap > 0:
-            self._grow(total)
-            self.ids.extend([None] * gap)
-            self.texts.extend([None] * gap)
-            self.metas.extend([None] * gap)
-            self._live = None
-
     # ------------------------------------------------------------ reading
     def live(self) -> np.ndarray:
         """Live internal ids, ascending (cached until the next change)."""
