@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -46,7 +47,7 @@ class DocColumns:
         self.metas: list[dict[str, Any] | None] = []
         self.by_id: dict[str, int] = {}
         self.norms = np.zeros(0, dtype=np.float32)  # float32-exact by construction (_check_batch)
-        self.counts = np.zeros(0, dtype=np.int64)
+        self.counts = np.zeros(0, dtype=np.int32)  # <= MAX_TOKEN_COUNT, checked at the door
         self.g = np.zeros(0, dtype=np.float64)  # the shaped feature stored in the FAISS column
         self.alive = np.zeros(0, dtype=bool)
         self._live: np.ndarray | None = None
@@ -105,7 +106,7 @@ class DocColumns:
 
     def norms_counts(self, internal: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         idx = np.asarray(internal, dtype=np.int64)
-        return self.norms[idx].astype(np.float64), self.counts[idx].copy()
+        return self.norms[idx].astype(np.float64), self.counts[idx].astype(np.int64)
 
     def metadata(self, iid: int) -> dict[str, Any]:
         """The stored dict itself (for filters); an empty one for documents without metadata."""
@@ -149,10 +150,8 @@ class DocColumns:
                 or np.any(lengths[:, 0] < 1) or np.any(lengths[:, 1] < -1)):
             raise IndexFormatError(f"the index at {where} is inconsistent: the document columns do not match "
                                    f"its {n} documents")
-        ids = _slices(id_blob, lengths[:, 0], where, "ids.utf8")
-        texts: list[str | None] = _slices(text_blob, np.maximum(lengths[:, 1], 0), where, "texts.utf8")  # type: ignore[assignment]
-        for j in np.flatnonzero(lengths[:, 1] < 0).tolist():
-            texts[j] = None
+        ids: list[str] = _slices(id_blob, np.ascontiguousarray(lengths[:, 0]), where, "ids.utf8")  # type: ignore[assignment]
+        texts = _slices(text_blob, np.ascontiguousarray(lengths[:, 1]), where, "texts.utf8", nullable=True)
         return cls._from_rows(internal, total, ids, texts, metas, norms, counts, where)
 
     @classmethod
@@ -197,13 +196,24 @@ class DocColumns:
         return cols
 
 
-def _slices(blob: str, lengths: np.ndarray, where: Any, name: str) -> list[str]:
-    ends = np.cumsum(lengths)
+def _slices(blob: str, lengths: np.ndarray, where: Any, name: str, *, nullable: bool = False) -> list[str | None]:
+    """Cut ``blob`` at ``lengths`` (-1 = ``None`` when ``nullable``). The offsets are iterated from
+    ``array.array`` (one short-lived int at a time): lists of 100k+ Python ints, freed mid-load between
+    the strings that stay, left ~60 bytes per document of fragmented heap in the loaded process."""
+    clean = np.maximum(lengths, 0) if nullable else lengths
+    ends = np.cumsum(clean, dtype=np.int64)
     if (int(ends[-1]) if ends.size else 0) != len(blob):
         raise IndexFormatError(f"the index at {where} is inconsistent: {name} does not hold the lengths "
                                "lengths.npy gives")
-    starts = (ends - lengths).tolist()
-    return [blob[a:b] for a, b in zip(starts, ends.tolist())]
+    starts = array("q", (ends - clean).tobytes())
+    stops = array("q", ends.tobytes())
+    nulls = lengths < 0 if nullable else None
+    if nulls is None or not nulls.any():
+        return [blob[a:b] for a, b in zip(starts, stops)]
+    if nulls.all():
+        return [None] * int(lengths.size)
+    flags = array("b", nulls.astype(np.int8).tobytes())
+    return [None if z else blob[a:b] for a, b, z in zip(starts, stops, flags)]
 
 
 def copy_metadata(meta: dict[str, Any] | None) -> dict[str, Any]:

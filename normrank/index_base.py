@@ -268,6 +268,10 @@ def _check_unit(norms: np.ndarray) -> None:
         check_norm_signal(norms)
 
 
+#: Token counts are stored as 32-bit integers, so a count above this could not be saved and reloaded.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
 def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
     try:
         raw = np.asarray(token_counts, dtype=np.float64).ravel()
@@ -275,6 +279,8 @@ def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
         raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
     if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
         raise InvalidArgumentError("token counts must be whole numbers >= 1")
+    if np.any(raw > MAX_TOKEN_COUNT):  # both backends store 32-bit counts (FAISS sidecar, pgvector integer)
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 and <= {MAX_TOKEN_COUNT}")
     return raw.astype(np.int64)
 
 

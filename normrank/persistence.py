@@ -88,11 +88,32 @@ def open_nofollow(path: Path, mode: str = "rb") -> IO[Any]:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+    # file_digest reads into one reused buffer: a fresh 1 MB bytes object per chunk raised glibc's mmap
+    # threshold and left ~9 MB of a 100k-document load's heap resident after the hash was done.
     with open_nofollow(path) as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def release_free_heap() -> None:
+    """Hand the C heap's free pages back to the OS after a load (glibc only; a no-op elsewhere).
+
+    A load frees many large temporary buffers (file contents, id arrays, decoded blobs); glibc then
+    serves later allocations from its heap and keeps the freed pages resident: ~6 MB of a 100k-document
+    load's RSS (benchmarks/results/speed.md, section 5) that ``malloc_trim`` returns in about a millisecond.
+    """
+    global _malloc_trim
+    if _malloc_trim is None:
+        try:
+            import ctypes
+
+            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _malloc_trim = False
+    if _malloc_trim:
+        _malloc_trim(0)
+
+
+_malloc_trim: Any = None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -67,7 +67,12 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _check_unit,
     _match,
 )
-from normrank.persistence import open_nofollow, reading, write_versioned
+from normrank.persistence import (
+    open_nofollow,
+    reading,
+    release_free_heap,
+    write_versioned,
+)
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
 
 logger = logging.getLogger(__name__)
@@ -784,9 +789,9 @@ class NormIndex(BlendIndexBase):
             A file is missing, truncated or altered (the message names it), the parts
             disagree with each other, or the format version is newer than this normrank.
         """
-        # index.faiss, the big file, is checksummed in a thread while FAISS parses it (reading's
+        # index.faiss and texts.utf8, the big files, are checksummed in threads while they are parsed (reading's
         # ``deferred``): a load costs about one read_index instead of a hash pass plus a read.
-        with reading(path, FORMAT_VERSION, SAVED_FILES, deferred=("index.faiss",)) as (folder, manifest):
+        with reading(path, FORMAT_VERSION, SAVED_FILES, deferred=("index.faiss", "texts.utf8")) as (folder, manifest):
             def opener(name: str) -> Any:
                 return open_nofollow(folder / name)
 
@@ -807,11 +812,7 @@ class NormIndex(BlendIndexBase):
                 with opener("tombstones.npy") as fh:
                     tombstones = np.load(fh, allow_pickle=False).astype(np.int64)
                 with opener("index.faiss") as fh:
-                    reader = faiss.PyCallbackIOReader(fh.read)
-                    try:
-                        faiss_index = faiss.read_index(reader)
-                    finally:
-                        del reader
+                    faiss_index = _read_faiss(fh)
                 _check_faiss_type(faiss_index, state["index_type"], path)
                 internal = _faiss_ids(faiss_index, state["index_type"])
                 if tombstones.size:
@@ -878,6 +879,7 @@ class NormIndex(BlendIndexBase):
         index._column_key = index._current_column_key()
         if internal.size:
             docs.set_g(internal, index._shaped_feature(index.calibrator, norms.astype(np.float64), counts))
+        release_free_heap()
         if index.index_type == "ivf":
             index._index.nprobe = min(index.nprobe, index._index.nlist)
         elif index.index_type == "hnsw":  # the validated settings, not whatever the FAISS file carries
@@ -925,6 +927,18 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     whole batch, FAISS's own top-k heaps keep the best (what its BLAS path does; ``argpartition`` was
     40x slower than the heaps at 64 x 10k scores, and looping over query blocks re-read 1M vectors
     once per block)."""
+    # FAISS's heaps run an OpenMP loop per block; its threads then spin while NumPy's OpenBLAS threads
+    # want the same cores (2 threads at 300k: 289 ms, against 143 ms with the heaps on one thread).
+    # omp_set_num_threads is per calling thread in OpenMP, so this changes no other thread's setting.
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        return _sgemm_blocks(flat, q, k)
+    finally:
+        faiss.omp_set_num_threads(threads)
+
+
+def _sgemm_blocks(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     n, d = flat.ntotal, flat.d
     xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
     nq = q.shape[0]
@@ -947,6 +961,20 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
             heaps.addn(sims.shape[1], faiss.swig_ptr(sims), j0)
         heaps.reorder()
     return out_s, out_p
+
+
+def _read_faiss(fh: Any) -> Any:
+    """FAISS reads the file already opened (without following symlinks) through ``/proc/self/fd``
+    where there is one: its own reader, with no Python bytes object per chunk (those left heap resident
+    after a load, and were slower); elsewhere through a Python callback."""
+    fd_path = f"/proc/self/fd/{fh.fileno()}"
+    if os.path.exists(fd_path):
+        return faiss.read_index(fd_path)
+    reader = faiss.PyCallbackIOReader(fh.read)
+    try:
+        return faiss.read_index(reader)
+    finally:
+        del reader
 
 
 #: The FAISS classes each index_type saves: (outer, inner) for IDMap2-wrapped ones.

@@ -262,6 +262,7 @@ def test_k_larger_than_the_index(store):
     ([2.5, 5], "token counts must be whole numbers >= 1"),
     ([np.nan, 5], "token counts must be whole numbers >= 1"),
     (["x", 5], "token counts must be whole numbers >= 1"),
+    ([2**31, 5], "token counts must be whole numbers >= 1 and <= 2147483647"),
     ([5], "1 token counts for 2 vectors"),
 ])
 def test_bad_token_counts(store, encoder, counts, message, two):
