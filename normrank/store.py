@@ -39,6 +39,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
+from normrank import faiss_blas
 from normrank._validation import (
     as_matrix,
     check_option,
@@ -897,6 +898,9 @@ SGEMM_MIN_BATCH = 8
 #: most this many queries against one pass over the stored vectors.
 SGEMM_BLOCK = 1 << 20
 SGEMM_QUERY_BLOCK = 4096
+#: At most this many stored vectors per sgemm block (FAISS's BLAS path uses 1024; 4096 measured as fast
+#: at 1 thread and fewer calls).
+SGEMM_ROWS = 4096
 _K_MAX = 10_000_000
 
 
@@ -923,42 +927,39 @@ def _hit(id: str, score: float, cosine: float, norm: float, norm_feature: float,
 def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-``k`` of a batch over a FAISS flat index's stored vectors, by positions.
 
-    The stored vectors are streamed once, in blocks of rows: one NumPy sgemm per block scores the
-    whole batch, FAISS's own top-k heaps keep the best (what its BLAS path does; ``argpartition`` was
-    40x slower than the heaps at 64 x 10k scores, and looping over query blocks re-read 1M vectors
-    once per block)."""
-    # FAISS's heaps run an OpenMP loop per block; its threads then spin while NumPy's OpenBLAS threads
-    # want the same cores (2 threads at 300k: 289 ms, against 143 ms with the heaps on one thread).
-    # omp_set_num_threads is per calling thread in OpenMP, so this changes no other thread's setting.
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
-    try:
-        return _sgemm_blocks(flat, q, k)
-    finally:
-        faiss.omp_set_num_threads(threads)
-
-
-def _sgemm_blocks(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    What FAISS's BLAS path does, without its process-wide switch: the stored vectors are streamed
+    once in blocks of rows, one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
+    :mod:`normrank.faiss_blas`), and FAISS's own top-k heaps keep the best (``argpartition`` was 40x
+    slower than the heaps at 64 x 10k scores; looping over query blocks re-read 1M vectors per block).
+    """
     n, d = flat.ntotal, flat.d
     xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
+    product = faiss_blas.sgemm() or faiss_blas.numpy_sgemm
+    threads = faiss.omp_get_max_threads()
     nq = q.shape[0]
     out_s = np.empty((nq, k), dtype=np.float32)
     out_p = np.empty((nq, k), dtype=np.int64)
     for a in range(0, nq, SGEMM_QUERY_BLOCK):
-        qb = q[a:a + SGEMM_QUERY_BLOCK]
+        qb = np.ascontiguousarray(q[a:a + SGEMM_QUERY_BLOCK], dtype=np.float32)
         rows = qb.shape[0]
         dist, pos = out_s[a:a + rows], out_p[a:a + rows]  # contiguous row blocks, filled in place
         heaps = faiss.float_minheap_array_t()
         heaps.k, heaps.nh = k, rows
         heaps.val, heaps.ids = faiss.swig_ptr(dist), faiss.swig_ptr(pos)
         heaps.heapify()
-        step = max(256, SGEMM_BLOCK // rows)
-        qt = np.ascontiguousarray(qb.T)
+        step = max(256, min(SGEMM_ROWS, SGEMM_BLOCK // rows))
+        block = np.empty((rows, step), dtype=np.float32)  # one query row per line, as the heaps read it
         for j0 in range(0, n, step):
-            # documents x queries is the faster sgemm orientation (measured 68 vs 85 ms at 64 x 100k);
-            # the block's transpose, for the heaps' one-row-per-query layout, stays in cache.
-            sims = np.ascontiguousarray((xb[j0:j0 + step] @ qt).T, dtype=np.float32)
-            heaps.addn(sims.shape[1], faiss.swig_ptr(sims), j0)
+            m = min(step, n - j0)
+            sims = block if m == step else np.empty((rows, m), dtype=np.float32)
+            product(qb, xb[j0:j0 + m], sims)
+            # The heaps' OpenMP loop on one thread: its spinning threads fought the sgemm's for the cores
+            # (2 threads at 300k: 289 ms against 143 ms). Per calling thread, so no other thread changes.
+            faiss.omp_set_num_threads(1)
+            try:
+                heaps.addn(m, faiss.swig_ptr(sims), j0)
+            finally:
+                faiss.omp_set_num_threads(threads)
         heaps.reorder()
     return out_s, out_p
 

@@ -213,3 +213,18 @@ def test_hnsw_single_vector_path_equals_the_general_path() -> None:
     top = index.search(queries[0], 1)[0].id
     index.delete([top])
     assert top not in {h.id for h in index.search(queries[0], 10)}
+
+
+def test_the_bundled_sgemm_and_numpys_give_the_same_batches(built, monkeypatch) -> None:
+    """Batches are scored with the sgemm the faiss-cpu wheel bundles where it is found (normrank.faiss_blas)
+    and with NumPy's otherwise: both give the brute-force blend."""
+    from normrank import faiss_blas
+
+    index, raw, counts, ids, queries = built
+    with_default = index.search_batch(list(queries[:16]), 10)
+    monkeypatch.setattr(faiss_blas, "sgemm", lambda: None)
+    with_numpy = index.search_batch(list(queries[:16]), 10)
+    for q, a, b in zip(queries[:16], with_default, with_numpy):
+        want_ids, want_s = _brute(index, raw, counts, ids, q, 10)
+        _check(a, want_ids, want_s)
+        _check(b, want_ids, want_s)

@@ -1,0 +1,70 @@
+"""The sgemm FAISS itself uses, for normrank's batched flat search.
+
+Why: a batch of queries is scored block by block with one matrix product and FAISS's top-k
+heaps. NumPy's OpenBLAS ran that product 10-35% slower on the benchmark machine than the
+OpenBLAS the faiss-cpu wheel bundles (benchmarks/results/speed.md), and FAISS's own BLAS
+kernel can only be switched on through a process-wide threshold that normrank will not
+change under other threads' feet. So normrank calls the bundled library's ``cblas_sgemm``
+directly (ctypes releases the GIL for the call); where there is no such library (a conda
+build against MKL, another platform), it uses NumPy. Both compute the same inner products.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_cached: list[Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None] = []
+
+
+def _bundled_openblas() -> str | None:
+    import faiss
+
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(faiss.__file__))), "faiss_cpu.libs")
+    found = sorted(glob.glob(os.path.join(libs, "libopenblas*.so*")))
+    return found[0] if len(found) == 1 else None
+
+
+def _load() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
+    path = _bundled_openblas()
+    if path is None:
+        return None
+    try:
+        fn = ctypes.CDLL(path).cblas_sgemm
+    except (OSError, AttributeError):
+        return None
+    c_int, c_float, ptr = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    fn.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_float, ptr, c_int, ptr, c_int, c_float, ptr, c_int]
+    fn.restype = None
+
+    def sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        """``out[:] = a @ b.T`` for C-contiguous float32 ``a`` (r x d), ``b`` (m x d), ``out`` (r x m)."""
+        r, d = a.shape
+        m = b.shape[0]
+        fn(_ROW_MAJOR, _NO_TRANS, _TRANS, r, m, d, 1.0, a.ctypes.data, d, b.ctypes.data, d, 0.0,
+           out.ctypes.data, m)
+
+    # Check once against NumPy on a small product before trusting it.
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 5)).astype(np.float32)
+    b = rng.standard_normal((4, 5)).astype(np.float32)
+    out = np.empty((3, 4), dtype=np.float32)
+    sgemm(a, b, out)
+    return sgemm if np.allclose(out, a @ b.T, atol=1e-5) else None
+
+
+def sgemm() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
+    """The bundled ``cblas_sgemm`` as ``sgemm(a, b, out)``, or ``None`` (then use NumPy)."""
+    if not _cached:
+        _cached.append(_load())
+    return _cached[0]
+
+
+def numpy_sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """The fallback: ``out[:] = a @ b.T`` by NumPy."""
+    np.matmul(a, b.T, out=out)
