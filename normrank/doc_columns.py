@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from normrank.errors import IndexFormatError
+from normrank.errors import IndexFormatError, UnknownIdError
 from normrank.index_base import Record
 
 #: The files :meth:`DocColumns.write` adds to a saved folder (format 2).
@@ -73,8 +73,8 @@ class DocColumns:
 
     # ------------------------------------------------------------ changing
     def append(self, ids: Sequence[str], texts: Sequence[str | None], metas: Sequence[dict[str, Any]],
-               norms: np.ndarray, counts: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """Store a batch under the next internal ids (returned); the caller has checked every value."""
+               norms: np.ndarray, counts: np.ndarray, g: np.ndarray) -> None:
+        """Store a batch under the next internal ids (:attr:`next` on); the caller has checked every value."""
         start, n = self.next, len(ids)
         self._grow(start + n)
         sl = slice(start, start + n)
@@ -85,7 +85,6 @@ class DocColumns:
         for j, x in enumerate(ids):
             self.by_id[x] = start + j
         self._live = None
-        return np.arange(start, start + n, dtype=np.int64)
 
     def remove(self, internal: Sequence[int]) -> None:
         for iid in internal:
@@ -103,6 +102,14 @@ class DocColumns:
         if self._live is None:
             self._live = np.flatnonzero(self.alive[: self.next]).astype(np.int64)
         return self._live
+
+    def internal_ids(self, wanted: Sequence[str], unknown: str = "unknown ids") -> np.ndarray:
+        """Internal ids of ``wanted``, in order; ``UnknownIdError`` naming up to five missing ones."""
+        by_id = self.by_id
+        missing = [x for x in wanted if x not in by_id]
+        if missing:
+            raise UnknownIdError(f"{unknown}: {missing[:5]}")
+        return np.array([by_id[x] for x in wanted], dtype=np.int64)
 
     def norms_counts(self, internal: np.ndarray | Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         idx = np.asarray(internal, dtype=np.int64)
@@ -122,8 +129,9 @@ class DocColumns:
     # ------------------------------------------------------------ files
     def write(self, folder: Path, live: np.ndarray) -> None:
         """Write the string and metadata columns of ``live`` (ascending) into ``folder``."""
-        ids = [self.ids[i] for i in live.tolist()]
-        texts = [self.texts[i] for i in live.tolist()]
+        rows = live.tolist()
+        ids = [self.ids[i] for i in rows]
+        texts = [self.texts[i] for i in rows]
         lengths = np.empty((len(ids), 2), dtype=np.int64)
         lengths[:, 0] = [len(x) for x in ids]  # type: ignore[arg-type]
         lengths[:, 1] = [-1 if t is None else len(t) for t in texts]
@@ -131,7 +139,7 @@ class DocColumns:
         (folder / "texts.utf8").write_bytes("".join(t for t in texts if t).encode("utf-8"))
         np.save(folder / "lengths.npy", lengths, allow_pickle=False)
         with open(folder / "metadata.json", "w", encoding="utf-8") as fh:
-            json.dump([self.metas[i] for i in live.tolist()], fh, ensure_ascii=False, separators=(",", ":"))
+            json.dump([self.metas[i] for i in rows], fh, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def read(cls, opener: Callable[[str], BinaryIO], internal: np.ndarray, total: int, norms: np.ndarray,

@@ -12,6 +12,7 @@ build against MKL, another platform), it uses NumPy. Both compute the same inner
 from __future__ import annotations
 
 import ctypes
+import functools
 import glob
 import os
 from collections.abc import Callable
@@ -19,7 +20,6 @@ from collections.abc import Callable
 import numpy as np
 
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
-_cached: list[Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None] = []
 
 
 def _bundled_openblas() -> str | None:
@@ -58,11 +58,10 @@ def _load() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
     return sgemm if np.allclose(out, a @ b.T, atol=1e-5) else None
 
 
+@functools.cache
 def sgemm() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
     """The bundled ``cblas_sgemm`` as ``sgemm(a, b, out)``, or ``None`` (then use NumPy)."""
-    if not _cached:
-        _cached.append(_load())
-    return _cached[0]
+    return _load()
 
 
 def numpy_sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:

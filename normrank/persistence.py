@@ -34,6 +34,7 @@ pickle, and a FAISS file, so it never executes data either way.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import io
 import json
@@ -101,19 +102,19 @@ def release_free_heap() -> None:
     serves later allocations from its heap and keeps the freed pages resident: ~6 MB of a 100k-document
     load's RSS (benchmarks/results/speed.md, section 5) that ``malloc_trim`` returns in about a millisecond.
     """
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            import ctypes
-
-            _malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_malloc_trim: Any = None
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def _fsync_dir(path: Path) -> None:

@@ -54,7 +54,6 @@ from normrank.errors import (
     IndexFormatError,
     InvalidArgumentError,
     PersistenceError,
-    UnknownIdError,
 )
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
     BlendIndexBase,
@@ -207,16 +206,6 @@ class NormIndex(BlendIndexBase):
     def __contains__(self, doc_id: object) -> bool:
         return doc_id in self._docs.by_id
 
-    @property
-    def _by_id(self) -> dict[str, int]:
-        return self._docs.by_id
-
-    @property
-    def _g_by_id(self) -> np.ndarray:
-        """The shaped feature g(d) by internal id, kept in step with the stored column (set when
-        documents are added, rebuilt with the column), so a search reads it instead of recomputing it."""
-        return self._docs.g
-
     def ids(self) -> list[str]:
         """Live ids, in insertion order."""
         with self._lock:
@@ -249,7 +238,7 @@ class NormIndex(BlendIndexBase):
         out = self._batch_ids(ids, n)
         if ids is not None:
             for x in out:
-                if x in self._by_id:
+                if x in self._docs.by_id:
                     raise DuplicateIdError(f"id {x!r} is already in the index; delete it first to replace it")
         return out
 
@@ -334,11 +323,7 @@ class NormIndex(BlendIndexBase):
         past ``max(1000, n)``) and always before a save, so a deleted vector never reaches disk.
         """
         with self._lock:
-            wanted = _check_ids(list(ids))
-            missing = [x for x in wanted if x not in self._by_id]
-            if missing:
-                raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
-            internal = np.array(sorted({self._by_id[x] for x in wanted}), dtype=np.int64)
+            internal = np.unique(self._docs.internal_ids(_check_ids(list(ids)), "unknown ids, nothing deleted"))
             if internal.size == 0:
                 return 0
             # Tombstones, compacted in batches: removing from FAISS rewrites the whole index (and the
@@ -380,12 +365,7 @@ class NormIndex(BlendIndexBase):
     def get(self, ids: Iterable[str]) -> list[Record]:
         """Records for ``ids`` in the given order."""
         with self._lock:
-            wanted = _check_ids(list(ids))
-            missing = [x for x in wanted if x not in self._by_id]
-            if missing:
-                raise UnknownIdError(f"unknown ids: {missing[:5]}")
-            by_id = self._docs.by_id
-            return [self._docs.record(by_id[x]) for x in wanted]
+            return [self._docs.record(i) for i in self._docs.internal_ids(_check_ids(list(ids))).tolist()]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The raw vectors of stored documents, in the given order: float32, shape ``(len(ids), dim)``.
@@ -395,13 +375,9 @@ class NormIndex(BlendIndexBase):
         Equal to what was added up to float32 rounding. Raises ``UnknownIdError`` for a missing id.
         """
         with self._lock:
-            wanted = _check_ids(list(ids))
-            missing = [x for x in wanted if x not in self._by_id]
-            if missing:
-                raise UnknownIdError(f"unknown ids: {missing[:5]}")
-            if not wanted:
+            internal = self._docs.internal_ids(_check_ids(list(ids)))
+            if not internal.size:
                 return np.zeros((0, self._dim or 0), dtype=np.float32)
-            internal = np.array([self._by_id[x] for x in wanted], dtype=np.int64)
             unit = np.asarray(self._index.reconstruct_batch(internal), dtype=np.float32)[:, : self._dim]
             norms, _ = self._docs.norms_counts(internal)
             return np.ascontiguousarray(unit * norms[:, None].astype(np.float32))
@@ -647,7 +623,7 @@ class NormIndex(BlendIndexBase):
             cos, ids = cos[0].astype(np.float64), ids[0]
             keep = ids >= 0
             cos, ids = cos[keep], ids[keep]
-            g = self._g_by_id[ids]
+            g = self._docs.g[ids]
             scores = blend(cos, g, w, self._weights)
             order = np.lexsort((ids, -scores))[:k]
             last = cos[-1] if cos.size else -1.0
@@ -677,10 +653,7 @@ class NormIndex(BlendIndexBase):
         else:
             qcol = float(query_column(np.array(w), self._weights))
             clist = (scores.astype(np.float64) - qcol * doc_column(g, self._weights.mode)).tolist()
-        doc_ids, texts, metas = d.ids, d.texts, d.metas
-        return [_hit(doc_ids[i], sc, c, nrm, gg, w, cnt, texts[i], copy_metadata(metas[i]))  # type: ignore[arg-type]
-                for i, sc, c, gg, nrm, cnt in zip(ids.tolist(), slist, clist, glist, d.norms[ids].tolist(),
-                                                  d.counts[ids].tolist())]
+        return self._hit_row(ids.tolist(), slist, clist, glist, d.norms[ids].tolist(), d.counts[ids].tolist(), w)
 
     def _hits_batch(self, ids: np.ndarray, scores: np.ndarray, w: np.ndarray) -> list[list[Hit]]:
         """``[self._hits(ids[i], scores[i], w[i]) for i in rows]`` with the array work done once for the
@@ -690,12 +663,16 @@ class NormIndex(BlendIndexBase):
         g = d.g[safe]
         w = np.asarray(w, dtype=np.float64)
         cosines = scores.astype(np.float64) - query_column(w, self._weights)[:, None] * doc_column(g, self._weights.mode)
+        return [self._hit_row(*row) for row in zip(ids.tolist(), scores.tolist(), cosines.tolist(), g.tolist(),
+                                                   d.norms[safe].tolist(), d.counts[safe].tolist(), w.tolist())]
+
+    def _hit_row(self, rows: list[int], scores: list[float], cosines: list[float], g: list[float],
+                 norms: list[float], counts: list[int], w: float) -> list[Hit]:
+        """``Hit`` objects for one result row given as Python lists; padding (id -1) is skipped."""
+        d = self._docs
         doc_ids, texts, metas = d.ids, d.texts, d.metas
-        return [[_hit(doc_ids[i], s, c, nrm, gg, wr, cnt, texts[i], copy_metadata(metas[i]))  # type: ignore[arg-type]
-                 for i, s, c, gg, nrm, cnt in zip(row, srow, crow, grow, nrow, ctrow) if i >= 0]
-                for row, srow, crow, grow, nrow, ctrow, wr in zip(
-                    ids.tolist(), scores.tolist(), cosines.tolist(), g.tolist(), d.norms[safe].tolist(),
-                    d.counts[safe].tolist(), w.tolist())]
+        return [_hit(doc_ids[i], sc, c, nrm, gg, w, cnt, texts[i], copy_metadata(metas[i]))  # type: ignore[arg-type]
+                for i, sc, c, gg, nrm, cnt in zip(rows, scores, cosines, g, norms, counts) if i >= 0]
 
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
