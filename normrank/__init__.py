@@ -47,6 +47,7 @@ _LAZY = {
     "Record": "normrank.store",
     "Weights": "normrank.scoring",
     "Hit": "normrank.scoring",
+    "HitArrays": "normrank.scoring",
     "FitReport": "normrank.fitting",
     "load_config": "normrank.config",
     "build_index": "normrank.config",

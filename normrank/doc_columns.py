@@ -8,6 +8,11 @@ objects a user's own docstore would hold too), an empty metadata dict is stored 
 ``None``, and only the id -> internal id dict is per-document Python. A ``Record`` is
 built on demand, for the few documents a caller asks for.
 
+The id -> internal id dict is built on the first call that looks an id up (add, delete,
+get, ``in``), not by a load: searches map internal ids to ids through the list, and a
+1M-document dict took ~0.6 s and ~90 MB that a search-only service never uses. A load
+still refuses repeated ids, with a set (a quarter of the dict's time).
+
 On disk (format 2, beside ``index.faiss``; rows in ascending internal id, as FAISS
 lists them): ``ids.utf8`` and ``texts.utf8`` are the strings concatenated, with their
 lengths in characters in ``lengths.npy`` (text length -1 for no text), and
@@ -22,7 +27,7 @@ import json
 from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -45,7 +50,8 @@ class DocColumns:
         self.ids: list[str | None] = []
         self.texts: list[str | None] = []
         self.metas: list[dict[str, Any] | None] = []
-        self.by_id: dict[str, int] = {}
+        self._by_id: dict[str, int] | None = {}  # None: not built yet (see the module docstring)
+        self._count = 0
         self.norms = np.zeros(0, dtype=np.float32)  # float32-exact by construction (_check_batch)
         self.counts = np.zeros(0, dtype=np.int32)  # <= MAX_TOKEN_COUNT, checked at the door
         self.g = np.zeros(0, dtype=np.float64)  # the shaped feature stored in the FAISS column
@@ -54,7 +60,18 @@ class DocColumns:
 
     # ------------------------------------------------------------ size
     def __len__(self) -> int:
-        return len(self.by_id)
+        return self._count
+
+    @property
+    def by_id(self) -> dict[str, int]:
+        """Id -> internal id of every live document, built on first use."""
+        if self._by_id is None:
+            ids = self.ids
+            if self._count == len(ids):  # no deleted slots: every position holds an id
+                self._by_id = dict(zip(ids, range(len(ids))))  # type: ignore[arg-type]
+            else:
+                self._by_id = {x: i for i, x in enumerate(ids) if x is not None}
+        return self._by_id
 
     @property
     def next(self) -> int:
@@ -82,15 +99,19 @@ class DocColumns:
         self.ids.extend(ids)
         self.texts.extend(texts)
         self.metas.extend(m or None for m in metas)
+        by_id = self.by_id
         for j, x in enumerate(ids):
-            self.by_id[x] = start + j
+            by_id[x] = start + j
+        self._count += n
         self._live = None
 
     def remove(self, internal: Sequence[int]) -> None:
+        by_id = self.by_id
         for iid in internal:
-            del self.by_id[self.ids[iid]]  # type: ignore[index]
+            del by_id[self.ids[iid]]  # type: ignore[index]
             self.ids[iid] = self.texts[iid] = self.metas[iid] = None
             self.alive[iid] = False
+            self._count -= 1
         self._live = None
 
     def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
@@ -141,10 +162,11 @@ class DocColumns:
         with open(folder / "metadata.json", "w", encoding="utf-8") as fh:
             json.dump([self.metas[i] for i in rows], fh, ensure_ascii=False, separators=(",", ":"))
 
-    @classmethod
-    def read(cls, opener: Callable[[str], BinaryIO], internal: np.ndarray, total: int, norms: np.ndarray,
-             counts: np.ndarray, where: Any) -> DocColumns:
-        """Columns from the files :meth:`write` made; ``internal`` are the FAISS ids of the rows."""
+    @staticmethod
+    def read_rows(opener: Callable[[str], BinaryIO], where: Any) -> Rows:
+        """The rows of the files :meth:`write` made, checked against each other (not yet against FAISS).
+
+        Needs nothing from ``index.faiss``, so a load runs it while FAISS reads that file."""
         with opener("lengths.npy") as fh:
             lengths = np.load(fh, allow_pickle=False)
         with opener("ids.utf8") as fh:
@@ -153,55 +175,67 @@ class DocColumns:
             text_blob = fh.read().decode("utf-8")
         with opener("metadata.json") as fh:
             metas = json.loads(fh.read().decode("utf-8"))
-        n = internal.size
-        if (lengths.dtype.kind != "i" or lengths.shape != (n, 2) or not isinstance(metas, list) or len(metas) != n
-                or np.any(lengths[:, 0] < 1) or np.any(lengths[:, 1] < -1)):
+        if (lengths.dtype.kind != "i" or lengths.ndim != 2 or lengths.shape[1] != 2 or not isinstance(metas, list)
+                or len(metas) != lengths.shape[0] or np.any(lengths[:, 0] < 1) or np.any(lengths[:, 1] < -1)):
             raise IndexFormatError(f"the index at {where} is inconsistent: the document columns do not match "
-                                   f"its {n} documents")
+                                   "each other")
         ids: list[str] = _slices(id_blob, np.ascontiguousarray(lengths[:, 0]), where, "ids.utf8")  # type: ignore[assignment]
         texts = _slices(text_blob, np.ascontiguousarray(lengths[:, 1]), where, "texts.utf8", nullable=True)
-        return cls._from_rows(internal, total, ids, texts, metas, norms, counts, where)
+        return Rows.checked(ids, texts, metas, where)
 
-    @classmethod
-    def from_records(cls, internal: np.ndarray, total: int, rows: list[Any], norms: np.ndarray,
-                     counts: np.ndarray, where: Any) -> DocColumns:
-        """Columns from format 1's ``records.jsonl`` rows (``{"id", "text", "metadata"}``)."""
-        ids = [r["id"] for r in rows]
+    @staticmethod
+    def records_rows(rows: list[Any], where: Any) -> Rows:
+        """The rows of format 1's ``records.jsonl`` (``{"id", "text", "metadata"}`` per line)."""
         texts = [r["text"] for r in rows]
-        metas = [r["metadata"] for r in rows]
-        return cls._from_rows(internal, total, ids, texts, metas, norms, counts, where)
+        if not set(map(type, texts)) <= {str, type(None)}:
+            raise IndexFormatError(f"the index at {where} has a text that is not a string")
+        return Rows.checked([r["id"] for r in rows], texts, [r["metadata"] for r in rows], where)
 
     @classmethod
-    def _from_rows(cls, internal: np.ndarray, total: int, ids: list[str], texts: list[str | None],
-                   metas: list[dict[str, Any] | None], norms: np.ndarray, counts: np.ndarray,
-                   where: Any) -> DocColumns:
+    def from_rows(cls, rows: Rows, internal: np.ndarray, total: int, norms: np.ndarray, counts: np.ndarray,
+                  where: Any) -> DocColumns:
+        """Columns of ``rows`` stored under the FAISS ids ``internal`` (ascending), out of ``total`` slots."""
+        ids, texts, metas = rows.ids, rows.texts, rows.metas
         n = internal.size
-        if not (len(ids) == len(texts) == len(metas) == norms.size == counts.size == n):
+        if not (len(ids) == norms.size == counts.size == n):
             raise IndexFormatError(f"the index at {where} is inconsistent: {len(ids)} records, {n} ids, "
                                    f"{norms.size} norms, {counts.size} token counts")
-        if not set(map(type, metas)) <= {dict, type(None)}:
-            raise IndexFormatError(f"the index at {where} has metadata that is not a JSON object")
-        if not set(map(type, ids)) <= {str} or "" in ids:  # cheap: a 100k-document load checks it in ~3 ms
-            raise IndexFormatError(f"the index at {where} has an id that is not a non-empty string")
         if n and (int(internal[0]) < 0 or int(internal[-1]) >= total or np.any(np.diff(internal) <= 0)):
             raise IndexFormatError(f"the index at {where} is inconsistent: FAISS ids repeat or fall outside 0..{total - 1}")
         cols = cls()
         cols._grow(total)
-        pos = internal.tolist()
-        metas = [m or None for m in metas]
         if n == total:  # no deleted slots (the usual case): the rows are the columns
             cols.ids, cols.texts, cols.metas = ids, texts, metas  # type: ignore[assignment]
         else:
             cols.ids, cols.texts, cols.metas = [None] * total, [None] * total, [None] * total
-            for p, x, t, m in zip(pos, ids, texts, metas):
+            for p, x, t, m in zip(internal.tolist(), ids, texts, metas):
                 cols.ids[p], cols.texts[p], cols.metas[p] = x, t, m
-        cols.by_id = dict(zip(ids, pos))
-        if len(cols.by_id) != n:
-            raise IndexFormatError(f"the index at {where} is inconsistent: its records repeat an id")
+        cols._by_id, cols._count = None, n
         cols.norms[internal] = norms
         cols.counts[internal] = counts
         cols.alive[internal] = True
         return cols
+
+
+class Rows(NamedTuple):
+    """A saved index's documents in file order, each column checked on its own."""
+
+    ids: list[str]
+    texts: list[str | None]
+    metas: list[dict[str, Any] | None]
+
+    @classmethod
+    def checked(cls, ids: list[str], texts: list[str | None], metas: list[Any], where: Any) -> Rows:
+        if not len(ids) == len(texts) == len(metas):
+            raise IndexFormatError(f"the index at {where} is inconsistent: {len(ids)} ids, {len(texts)} texts, "
+                                   f"{len(metas)} metadata entries")
+        if not set(map(type, metas)) <= {dict, type(None)}:
+            raise IndexFormatError(f"the index at {where} has metadata that is not a JSON object")
+        if not set(map(type, ids)) <= {str} or "" in ids:  # cheap: a 100k-document load checks it in ~3 ms
+            raise IndexFormatError(f"the index at {where} has an id that is not a non-empty string")
+        if len(set(ids)) != len(ids):  # a set: the id -> internal id dict is built later, on first use
+            raise IndexFormatError(f"the index at {where} is inconsistent: its records repeat an id")
+        return cls(ids, texts, [m or None for m in metas])
 
 
 def _slices(blob: str, lengths: np.ndarray, where: Any, name: str, *, nullable: bool = False) -> list[str | None]:

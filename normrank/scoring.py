@@ -22,7 +22,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -168,6 +168,20 @@ class Hit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class HitArrays(NamedTuple):
+    """Many queries' blended top-``k`` as arrays: what :meth:`NormIndex.search_arrays` returns.
+
+    For callers that want FAISS-like output (evaluation, batch scoring, services that serialise
+    numbers): no ``Hit`` object per result. Row ``i`` holds query ``i``'s hits, best first, in the
+    order and with the values ``search_batch`` gives. A row with fewer than ``k`` hits (a filter that
+    leaves fewer documents) has a shorter ``ids[i]``, ``-inf`` scores and ``nan`` cosines after its hits.
+    """
+
+    ids: list[list[str]]
+    scores: np.ndarray  # float32 (queries, k): the blended score
+    cosines: np.ndarray  # float64 (queries, k)
 
 
 #: Bins of at least this many candidates when :func:`rescore` calibrates on the candidates themselves.

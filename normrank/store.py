@@ -33,6 +33,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,7 +74,7 @@ from normrank.persistence import (
     release_free_heap,
     write_versioned,
 )
-from normrank.scoring import Hit, Weights, blend, doc_column, query_column
+from normrank.scoring import Hit, HitArrays, Weights, blend, doc_column, query_column
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +205,8 @@ class NormIndex(BlendIndexBase):
         return len(self._docs)
 
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in self._docs.by_id
+        with self._lock:  # the id table may be built by this call
+            return doc_id in self._docs.by_id
 
     def ids(self) -> list[str]:
         """Live ids, in insertion order."""
@@ -237,8 +239,10 @@ class NormIndex(BlendIndexBase):
     def _precheck_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
         out = self._batch_ids(ids, n)
         if ids is not None:
+            with self._lock:  # add_texts calls this before taking the lock; the id table may be built here
+                by_id = self._docs.by_id
             for x in out:
-                if x in self._docs.by_id:
+                if x in by_id:
                     raise DuplicateIdError(f"id {x!r} is already in the index; delete it first to replace it")
         return out
 
@@ -471,33 +475,86 @@ class NormIndex(BlendIndexBase):
         query_token_counts: Sequence[int | None] | None = None,
     ) -> list[list[Hit]]:
         """Blended top-``k`` for many queries in one FAISS call."""
+        front = self._batch_front(queries, k, "search_batch")
+        if front is None:
+            return []
+        queries, k, encoded = front
+        with self._lock:
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)
+            return rows if isinstance(rows, list) else self._hits_batch(*rows)
+
+    def search_arrays(
+        self,
+        queries: Sequence[str | np.ndarray],
+        k: int = 10,
+        *,
+        filter: MetadataFilter | None = None,
+        query_token_counts: Sequence[int | None] | None = None,
+    ) -> HitArrays:
+        """:meth:`search_batch` as arrays (ids, scores, cosines), without a ``Hit`` object per result.
+
+        The same hits in the same order with the same values; takes the same arguments and raises the
+        same errors. For batch scoring and evaluation, where building 640 ``Hit`` objects was ~10% of a
+        64-query batch over 10k documents (benchmarks/results/speed.md).
+        """
+        front = self._batch_front(queries, k, "search_arrays")
+        if front is None:
+            return HitArrays([], np.zeros((0, 0), dtype=np.float32), np.zeros((0, 0)))
+        queries, k, encoded = front
+        with self._lock:
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)
+            if isinstance(rows, list):  # multiplicative blends and empty filters: from their hits
+                return _arrays_from_hits(rows, k)
+            labels, scores, w = rows
+            g = self._docs.g[np.maximum(labels, 0)]
+            cosines = (scores.astype(np.float64)
+                       - query_column(np.asarray(w, dtype=np.float64), self._weights)[:, None]
+                       * doc_column(g, self._weights.mode))
+            pad = labels < 0
+            doc_ids = self._docs.ids
+            if pad.any():
+                scores = np.where(pad, np.float32(-np.inf), scores)
+                cosines[pad] = np.nan
+                ids = [[doc_ids[i] for i in row if i >= 0] for row in labels.tolist()]
+            else:
+                ids = [[doc_ids[i] for i in row] for row in labels.tolist()]
+            return HitArrays(ids, scores, cosines)  # type: ignore[arg-type]
+
+    def _batch_front(self, queries: Sequence[str | np.ndarray], k: Any,
+                     method: str) -> tuple[list[Any], int, Any] | None:
+        """What a batch search checks and encodes before taking the lock; ``None`` for no queries."""
         if isinstance(queries, (str, np.ndarray)) and not (isinstance(queries, np.ndarray) and queries.ndim == 2):
-            raise InvalidArgumentError("search_batch takes a list of queries; use search() for one")
+            raise InvalidArgumentError(f"{method} takes a list of queries; use search() for one")
         k = _check_k(k)
         queries = list(queries)
         if not queries:
-            return []
+            return None
         if not self._docs:
             raise EmptyCorpusError("the index is empty: add documents before searching")
-        encoded = self._encode_texts(queries)  # outside the lock: encoding is the slow part
-        with self._lock:
-            if not self._docs:
-                raise EmptyCorpusError("the index is empty: add documents before searching")
-            if k > len(self):
-                raise InvalidArgumentError(
-                    f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
-                )
-            unit, norms, counts = self._encode_queries(queries, query_token_counts, encoded)
-            w = self._query_weights(norms, counts)
-            allowed = self._allowed(filter)
-            if allowed is not None and allowed.size == 0:
-                return [[] for _ in queries]
-            kk = k if allowed is None else min(k, int(allowed.size))
-            if self._weights.mode == "multiplicative" and not self._weights.is_cosine:
-                return [self._search_multiplicative(unit[i], w[i], kk, allowed) for i in range(len(queries))]
-            qaug = self._augment(unit, query_column(w, self._weights), query=True)
-            scores, ids = self._raw_search(qaug, kk, allowed)
-            return self._hits_batch(ids, scores, w)
+        return queries, k, self._encode_texts(queries)  # outside the lock: encoding is the slow part
+
+    def _blended_rows(self, queries: list[Any], k: int, filter: MetadataFilter | None,
+                      query_token_counts: Sequence[int | None] | None,
+                      encoded: Any) -> list[list[Hit]] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Under the lock: (internal ids, blended scores, query weights), or the hits themselves where the
+        search is not one augmented FAISS search (bounded multiplicative blends, a filter matching nothing)."""
+        if not self._docs:
+            raise EmptyCorpusError("the index is empty: add documents before searching")
+        if k > len(self):
+            raise InvalidArgumentError(
+                f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
+            )
+        unit, norms, counts = self._encode_queries(queries, query_token_counts, encoded)
+        w = self._query_weights(norms, counts)
+        allowed = self._allowed(filter)
+        if allowed is not None and allowed.size == 0:
+            return [[] for _ in queries]
+        kk = k if allowed is None else min(k, int(allowed.size))
+        if self._weights.mode == "multiplicative" and not self._weights.is_cosine:
+            return [self._search_multiplicative(unit[i], w[i], kk, allowed) for i in range(len(queries))]
+        qaug = self._augment(unit, query_column(w, self._weights), query=True)
+        scores, ids = self._raw_search(qaug, kk, allowed)
+        return ids, scores, w
 
     def _search_vector(self, query: np.ndarray, k: Any) -> list[Hit] | None:
         """The common case on a lean path: one raw vector, no filter, flat or HNSW index, a fixed weight.
@@ -668,11 +725,32 @@ class NormIndex(BlendIndexBase):
 
     def _hit_row(self, rows: list[int], scores: list[float], cosines: list[float], g: list[float],
                  norms: list[float], counts: list[int], w: float) -> list[Hit]:
-        """``Hit`` objects for one result row given as Python lists; padding (id -1) is skipped."""
+        """``Hit`` objects for one result row given as Python lists; padding (id -1) is skipped.
+
+        Each ``Hit`` is filled through its ``__dict__``, equal to ``Hit(...)`` without the frozen
+        dataclass's per-field ``object.__setattr__`` calls: 640 hits were ~10% of a 64-query batch
+        at 10k documents, and the plain stores take about half of ``__init__``'s time."""
         d = self._docs
         doc_ids, texts, metas = d.ids, d.texts, d.metas
-        return [_hit(doc_ids[i], sc, c, nrm, gg, w, cnt, texts[i], copy_metadata(metas[i]))  # type: ignore[arg-type]
-                for i, sc, c, gg, nrm, cnt in zip(rows, scores, cosines, g, norms, counts) if i >= 0]
+        new = object.__new__
+        out = []
+        for i, sc, c, gg, nrm, cnt in zip(rows, scores, cosines, g, norms, counts):
+            if i < 0:
+                continue
+            hit = new(Hit)
+            f = hit.__dict__
+            f["id"] = doc_ids[i]
+            f["score"] = sc
+            f["cosine"] = c
+            f["norm"] = nrm
+            f["norm_feature"] = gg
+            f["weight"] = w
+            f["token_count"] = cnt
+            f["text"] = texts[i]
+            m = metas[i]
+            f["metadata"] = {} if m is None else copy_metadata(m)
+            out.append(hit)
+        return out
 
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
@@ -789,22 +867,27 @@ class NormIndex(BlendIndexBase):
                     counts = np.load(fh, allow_pickle=False).astype(np.int64)
                 with opener("tombstones.npy") as fh:
                     tombstones = np.load(fh, allow_pickle=False).astype(np.int64)
-                with opener("index.faiss") as fh:
-                    faiss_index = _read_faiss(fh)
-                _check_faiss_type(faiss_index, state["index_type"], path)
-                internal = _faiss_ids(faiss_index, state["index_type"])
-                if tombstones.size:
-                    internal = np.setdiff1d(internal, tombstones)
+                # FAISS reads index.faiss in a thread (it lets go of the GIL) while this one parses the
+                # document columns, which need nothing from it: at 1M documents the two took about as long.
                 # 100k+ new objects, none of them cyclic: the cyclic collector would walk them all repeatedly.
                 was_enabled = gc.isenabled()
                 gc.disable()
                 try:
-                    if version >= 2:
-                        docs = DocColumns.read(opener, internal, state["next"], norms, counts, path)
-                    else:  # format 1 (normrank <= 0.2.0-dev): one JSON object per document
-                        with open_nofollow(folder / "records.jsonl", "r") as fh:
-                            rows = _read_jsonl(fh.read())
-                        docs = DocColumns.from_records(internal, state["next"], rows, norms, counts, path)
+                    with opener("index.faiss") as fh, ThreadPoolExecutor(1, "normrank-load") as pool:
+                        pending = pool.submit(_read_faiss, fh)
+                        try:
+                            if version >= 2:
+                                rows = DocColumns.read_rows(opener, path)
+                            else:  # format 1 (normrank <= 0.2.0-dev): one JSON object per document
+                                with open_nofollow(folder / "records.jsonl", "r") as rfh:
+                                    rows = DocColumns.records_rows(_read_jsonl(rfh.read()), path)
+                        finally:
+                            faiss_index = pending.result()  # FAISS's own error wins: it is about the bigger file
+                    _check_faiss_type(faiss_index, state["index_type"], path)
+                    internal = _faiss_ids(faiss_index, state["index_type"])
+                    if tombstones.size:
+                        internal = np.setdiff1d(internal, tombstones)
+                    docs = DocColumns.from_rows(rows, internal, state["next"], norms, counts, path)
                 finally:
                     if was_enabled:
                         gc.enable()
@@ -875,9 +958,11 @@ SGEMM_MIN_BATCH = 8
 #: most this many queries against one pass over the stored vectors.
 SGEMM_BLOCK = 1 << 20
 SGEMM_QUERY_BLOCK = 4096
-#: At most this many stored vectors per sgemm block (FAISS's BLAS path uses 1024; 4096 measured as fast
-#: at 1 thread and fewer calls).
-SGEMM_ROWS = 4096
+#: Stored vectors per sgemm block on one thread: FAISS's own BLAS block (1024), measured fastest at
+#: 1 thread on the benchmark machine (4096 ran 5-10% slower at 100k documents).
+SGEMM_ROWS = 1024
+#: FAISS's heaps go parallel only past this many scores per call (``HeapArray::addn``).
+_HEAPS_PARALLEL_FROM = 100_000
 _K_MAX = 10_000_000
 
 
@@ -891,14 +976,13 @@ def _read_jsonl(text: str) -> list[Any]:
     return json.loads("[" + ",".join(lines) + "]") if lines else []
 
 
-def _hit(id: str, score: float, cosine: float, norm: float, norm_feature: float, weight: float,
-         token_count: int, text: str | None, metadata: dict[str, Any]) -> Hit:
-    """A :class:`Hit` built without the frozen dataclass's per-field ``object.__setattr__`` calls
-    (ten of those per search were a visible share of a 10k-document query); equal to ``Hit(...)``."""
-    hit = object.__new__(Hit)
-    hit.__dict__.update(id=id, score=score, cosine=cosine, norm=norm, norm_feature=norm_feature, weight=weight,
-                        token_count=token_count, text=text, metadata=metadata)
-    return hit
+def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
+    scores = np.full((len(rows), k), -np.inf, dtype=np.float32)
+    cosines = np.full((len(rows), k), np.nan)
+    for i, row in enumerate(rows):
+        scores[i, : len(row)] = [h.score for h in row]
+        cosines[i, : len(row)] = [h.cosine for h in row]
+    return HitArrays([[h.id for h in row] for row in rows], scores, cosines)
 
 
 def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -911,7 +995,8 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
     """
     n, d = flat.ntotal, flat.d
     xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
-    product = faiss_blas.sgemm() or faiss_blas.numpy_sgemm
+    bundled = faiss_blas.sgemm()
+    product = bundled or faiss_blas.numpy_sgemm
     threads = faiss.omp_get_max_threads()
     nq = q.shape[0]
     out_s = np.empty((nq, k), dtype=np.float32)
@@ -924,14 +1009,18 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
         heaps.k, heaps.nh = k, rows
         heaps.val, heaps.ids = faiss.swig_ptr(dist), faiss.swig_ptr(pos)
         heaps.heapify()
-        step = max(256, min(SGEMM_ROWS, SGEMM_BLOCK // rows))
+        step = _block_rows(rows, threads)
         block = np.empty((rows, step), dtype=np.float32)  # one query row per line, as the heaps read it
         for j0 in range(0, n, step):
             m = min(step, n - j0)
             sims = block if m == step else np.empty((rows, m), dtype=np.float32)
             product(qb, xb[j0:j0 + m], sims)
-            # The heaps' OpenMP loop on one thread: its spinning threads fought the sgemm's for the cores
-            # (2 threads at 300k: 289 ms against 143 ms). Per calling thread, so no other thread changes.
+            if bundled is not None:  # its OpenMP pool is FAISS's: the heaps share the threads
+                heaps.addn(m, faiss.swig_ptr(sims), j0)
+                continue
+            # NumPy's OpenBLAS has its own thread pool, whose spinning threads fought the heaps' OpenMP
+            # loop for the cores (2 threads at 300k: 289 ms against 143 ms): the heaps on one thread.
+            # Per calling thread, so no other thread changes.
             faiss.omp_set_num_threads(1)
             try:
                 heaps.addn(m, faiss.swig_ptr(sims), j0)
@@ -939,6 +1028,17 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
                 faiss.omp_set_num_threads(threads)
         heaps.reorder()
     return out_s, out_p
+
+
+def _block_rows(queries: int, threads: int) -> int:
+    """Stored vectors per sgemm block, chosen by batch size and thread count: FAISS's 1024 on one
+    thread; with more, enough that FAISS's heaps spread over the threads (at 100k documents and 2
+    threads, 64 queries: 0.97 of FAISS's BLAS path against 0.88 with 1024); at most ``SGEMM_BLOCK``
+    scores per block."""
+    step = SGEMM_ROWS
+    if threads > 1:
+        step = max(step, min(4 * SGEMM_ROWS, -(-(_HEAPS_PARALLEL_FROM + 1) // queries // 256) * 256 + 256))
+    return max(256, min(step, SGEMM_BLOCK // queries))
 
 
 def _read_faiss(fh: Any) -> Any:

@@ -1,0 +1,93 @@
+"""``NormIndex.search_arrays``: the hits of ``search_batch`` as arrays, on the real FAISS indexes.
+
+Every case compares against ``search_batch`` on the same index, so the arrays can only pass by
+holding the same ids, in the same order, with the same score and cosine values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from normrank import EmptyCorpusError, HitArrays, InvalidArgumentError, NormIndex, Weights
+from normrank.testing import demo_ids, demo_index, demo_queries  # noqa: F401  (module fixtures)
+from tests.conftest import synthetic
+
+DIM = 32
+
+
+def same(arrays: HitArrays, rows: list) -> None:
+    assert isinstance(arrays, HitArrays)
+    assert arrays.ids == [[h.id for h in row] for row in rows]
+    k = arrays.scores.shape[1]
+    assert arrays.scores.dtype == np.float32 and arrays.cosines.dtype == np.float64
+    assert arrays.scores.shape == arrays.cosines.shape == (len(rows), k)
+    for i, row in enumerate(rows):
+        n = len(row)
+        assert arrays.scores[i, :n].tolist() == [h.score for h in row]
+        assert arrays.cosines[i, :n].tolist() == [h.cosine for h in row]
+        assert np.all(np.isneginf(arrays.scores[i, n:])) and np.all(np.isnan(arrays.cosines[i, n:]))
+
+
+def build(index_type: str = "flat", weights: Weights | None = None, n: int = 400) -> tuple[NormIndex, list, list]:
+    vecs, counts = synthetic(n, dim=DIM, seed=3)
+    index = NormIndex(dim=DIM, weights=weights or Weights(a=0.05), index_type=index_type, nlist=4)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(n)],
+                      metadatas=[{"half": i % 2} for i in range(n)])
+    qv, qc = synthetic(12, dim=DIM, seed=11)
+    index.calibrate_queries(norms=np.linalg.norm(qv, axis=1), token_counts=qc)
+    return index, list(qv), qc.tolist()
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+@pytest.mark.parametrize("weights", [Weights(a=0.05), Weights(a=0.03, b=0.02), Weights(a=0.1, mode="tiebreak"),
+                                     Weights(a=0.2, mode="multiplicative"), Weights()])
+def test_arrays_hold_the_hits_of_search_batch(index_type, weights):
+    index, qv, qc = build(index_type, weights)
+    for k in (1, 10):
+        same(index.search_arrays(qv, k, query_token_counts=qc), index.search_batch(qv, k, query_token_counts=qc))
+
+
+def test_batches_big_enough_for_the_sgemm_path_and_single_queries_agree():
+    index, _, _ = build()
+    qv, qc = synthetic(40, dim=DIM, seed=5)  # >= SGEMM_MIN_BATCH: scored by the sgemm kernel
+    same(index.search_arrays(list(qv), 7, query_token_counts=qc.tolist()),
+         index.search_batch(list(qv), 7, query_token_counts=qc.tolist()))
+    one = index.search_arrays([qv[0]], 7, query_token_counts=[int(qc[0])])
+    assert one.ids[0] == [h.id for h in index.search(qv[0], 7, query_token_count=int(qc[0]))]
+
+
+def test_filters_deletes_and_short_rows():
+    index, qv, qc = build()
+    index.delete([f"d{i}" for i in range(0, 400, 3)])  # tombstones, still inside FAISS
+    for flt in ({"half": 1}, lambda m: m.get("half") == 0):
+        same(index.search_arrays(qv, 10, filter=flt, query_token_counts=qc),
+             index.search_batch(qv, 10, filter=flt, query_token_counts=qc))
+    nothing = index.search_arrays(qv, 10, filter=lambda m: False, query_token_counts=qc)
+    assert nothing.ids == [[] for _ in qv] and np.all(np.isneginf(nothing.scores))
+    # a filter matching fewer than k documents: rows of the documents there are
+    keep = {"d1", "d5", "d7"}
+    index.delete([f"d{i}" for i in range(1, 400, 2) if i % 3 and f"d{i}" not in keep])
+    short = index.search_arrays(qv, 10, filter={"half": 1}, query_token_counts=qc)
+    same(short, index.search_batch(qv, 10, filter={"half": 1}, query_token_counts=qc))
+    assert all(set(r) == keep for r in short.ids)
+
+
+def test_text_queries_with_the_real_model(index, queries):
+    """The demo index (real all-MiniLM-L6-v2, query-conditioned weight): texts in, the same hits out."""
+    same(index.search_arrays(queries, 5), index.search_batch(queries, 5))
+    mixed = [queries[0], index.encoder.encode([queries[1]])[0]]
+    same(index.search_arrays(mixed, 5, query_token_counts=[None, 6]),
+         index.search_batch(mixed, 5, query_token_counts=[None, 6]))
+
+
+def test_same_errors_as_search_batch():
+    index, qv, qc = build(n=50)
+    with pytest.raises(InvalidArgumentError, match="search_arrays takes a list of queries"):
+        index.search_arrays("one query")
+    with pytest.raises(InvalidArgumentError, match="k of 51 is larger than the number of documents"):
+        index.search_arrays(qv, 51, query_token_counts=qc)
+    with pytest.raises(EmptyCorpusError):
+        NormIndex(dim=DIM).search_arrays([qv[0]], 1)
+    empty = index.search_arrays([], 3)
+    assert empty.ids == [] and empty.scores.shape == (0, 0)
