@@ -67,6 +67,23 @@ def observable(index: NormIndex) -> tuple:
             index.query_calibrator.to_dict() if index.query_calibrator else None, hits)
 
 
+def assert_same_answers(got: tuple, want: tuple, index_type: str) -> None:
+    """``got == want``, except that a rebuilt HNSW graph may round a hit's scores differently in the last
+    float32 bit (FAISS sums some inner products four neighbours at a time, in an order set by the graph):
+    there the same hits in the same order, with scores to float32 rounding."""
+    if index_type != "hnsw":
+        assert got == want
+        return
+    assert got[:5] == want[:5]
+    for row_got, row_want in zip(got[5], want[5], strict=True):
+        assert [h.id for h in row_got] == [h.id for h in row_want]
+        for a, b in zip(row_got, row_want):
+            assert a.score == pytest.approx(b.score, rel=1e-6, abs=1e-6)
+            assert a.cosine == pytest.approx(b.cosine, rel=1e-6, abs=1e-6)
+            assert (a.norm, a.norm_feature, a.weight, a.token_count, a.text, a.metadata) == (
+                b.norm, b.norm_feature, b.weight, b.token_count, b.text, b.metadata)
+
+
 def listing(root: Path) -> dict[str, str]:
     """Every entry under ``root`` (links not followed) with its content or link target."""
     out = {}
@@ -321,7 +338,7 @@ def test_a_deleted_document_is_not_in_the_saved_faiss_file(tmp_path, index_type)
     index.delete([f"d{i}" for i in gone])
     before = observable(index)
     folder = index.save(tmp_path / "idx")
-    assert observable(index) == before  # compacting on save changes no answer
+    assert_same_answers(observable(index), before, index_type)  # compacting on save changes no answer
     stored = _all_vectors(__import__("faiss").read_index(str(folder / "index.faiss")))
     assert stored.shape[0] == 297
     unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
@@ -330,7 +347,8 @@ def test_a_deleted_document_is_not_in_the_saved_faiss_file(tmp_path, index_type)
     assert np.all(sims.max(axis=1) > 0.9999)
     assert not set(best.tolist()) & set(gone), "a deleted document's vector is still in index.faiss"
     assert np.load(folder / "tombstones.npy").size == 0
-    assert observable(NormIndex.load(tmp_path / "idx")) == before
+    assert observable(NormIndex.load(tmp_path / "idx")) == observable(index)  # the saved graph itself
+    assert_same_answers(observable(NormIndex.load(tmp_path / "idx")), before, index_type)
 
 
 @pytest.mark.parametrize("index_type", ["flat", "ivf", "hnsw"])
