@@ -506,6 +506,9 @@ class NormIndex(BlendIndexBase):
             if isinstance(rows, list):  # multiplicative blends and empty filters: from their hits
                 return _arrays_from_hits(rows, k)
             labels, scores, w = rows
+            if labels.shape[1] < k:  # a filter left fewer than k documents: every row is k wide all the same
+                labels = np.pad(labels, ((0, 0), (0, k - labels.shape[1])), constant_values=-1)
+                scores = np.pad(scores, ((0, 0), (0, k - scores.shape[1])), constant_values=-np.inf)
             g = self._docs.g[np.maximum(labels, 0)]
             cosines = (scores.astype(np.float64)
                        - query_column(np.asarray(w, dtype=np.float64), self._weights)[:, None]

@@ -57,20 +57,21 @@ def test_batches_big_enough_for_the_sgemm_path_and_single_queries_agree():
     assert one.ids[0] == [h.id for h in index.search(qv[0], 7, query_token_count=int(qc[0]))]
 
 
-def test_filters_deletes_and_short_rows():
-    index, qv, qc = build()
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+def test_filters_deletes_and_short_rows(index_type):
+    index, qv, qc = build(index_type)
     index.delete([f"d{i}" for i in range(0, 400, 3)])  # tombstones, still inside FAISS
     for flt in ({"half": 1}, lambda m: m.get("half") == 0):
         same(index.search_arrays(qv, 10, filter=flt, query_token_counts=qc),
              index.search_batch(qv, 10, filter=flt, query_token_counts=qc))
     nothing = index.search_arrays(qv, 10, filter=lambda m: False, query_token_counts=qc)
-    assert nothing.ids == [[] for _ in qv] and np.all(np.isneginf(nothing.scores))
+    assert nothing.ids == [[] for _ in qv] and np.all(np.isneginf(nothing.scores)) and nothing.scores.shape == (len(qv), 10)
     # a filter matching fewer than k documents: rows of the documents there are
     keep = {"d1", "d5", "d7"}
     index.delete([f"d{i}" for i in range(1, 400, 2) if i % 3 and f"d{i}" not in keep])
     short = index.search_arrays(qv, 10, filter={"half": 1}, query_token_counts=qc)
     same(short, index.search_batch(qv, 10, filter={"half": 1}, query_token_counts=qc))
-    assert all(set(r) == keep for r in short.ids)
+    assert all(set(r) == keep for r in short.ids) and short.scores.shape == short.cosines.shape == (len(qv), 10)
 
 
 def test_text_queries_with_the_real_model(index, queries):
