@@ -122,8 +122,7 @@ def _top_ids(index: Any, vectors: np.ndarray, counts: np.ndarray, k: int, weight
     old = index.weights
     index.set_weights(weights)
     try:
-        runs = index.search_batch(list(vectors), k, query_token_counts=[int(c) for c in counts])
-        return [[h.id for h in hits] for hits in runs]
+        return index.search_arrays(list(vectors), k, query_token_counts=[int(c) for c in counts]).ids
     finally:
         index.set_weights(old)
 

@@ -246,8 +246,8 @@ class Evaluator:
             return {}
         vecs, counts = self._qmat(qids)
         k = min(k, len(self.index))
-        hits = self.index.search_batch(list(vecs), k, query_token_counts=counts)
-        return {q: _ranked([h.id for h in hs], k) for q, hs in zip(qids, hits)}
+        ids = self.index.search_arrays(list(vecs), k, query_token_counts=counts).ids  # only ids: no Hit objects
+        return {q: _ranked(row, k) for q, row in zip(qids, ids)}
 
     # ---- baselines
     def cosine(self, qids: Sequence[str]) -> Run:
