@@ -280,3 +280,55 @@ def test_approximate_indexes_survive_concurrent_use(index_type):
     assert len(index) == 600 - len(deleted)
     for j in range(0, 600, 37):
         assert not deleted & {h.id for h in index.search(vecs[j], 10)}
+
+
+def test_a_loaded_index_builds_its_id_table_once_under_threads(tmp_path):
+    """A load leaves the id -> internal id table to the first id lookup. Threads that race to make that
+    first lookup (``in``, ``get``, ``vectors``, an add, a delete) while others search, with hits and
+    with arrays, all get the answers a single thread gets, and the table ends up complete and exact."""
+    vecs, counts = synthetic(300, dim=DIM, seed=21)
+    index = NormIndex(dim=DIM, weights=WEIGHTS)
+    index.add_vectors(vecs[:250], counts[:250], ids=[f"d{i}" for i in range(250)])
+    qv, qc = synthetic(40, dim=DIM, seed=22)
+    index.calibrate_queries(norms=np.linalg.norm(qv.astype(np.float64), axis=1), token_counts=qc)
+    index.save(tmp_path / "idx")
+    reference = NormIndex.load(tmp_path / "idx")
+    want_hits = reference.search_batch(list(qv), K, query_token_counts=qc.tolist())
+    want_get = reference.get([f"d{i}" for i in range(0, 250, 7)])
+    want_vecs = reference.vectors([f"d{i}" for i in range(0, 250, 11)])
+
+    for _ in range(5):
+        loaded = NormIndex.load(tmp_path / "idx")
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(6)
+
+        def run(role: int) -> None:
+            try:
+                barrier.wait()
+                if role == 0:
+                    assert all(f"d{i}" in loaded for i in range(250)) and "d250" not in loaded
+                elif role == 1:
+                    assert loaded.get([f"d{i}" for i in range(0, 250, 7)]) == want_get
+                elif role == 2:
+                    np.testing.assert_array_equal(loaded.vectors([f"d{i}" for i in range(0, 250, 11)]), want_vecs)
+                elif role == 3:
+                    got = loaded.search_arrays(list(qv), K, query_token_counts=qc.tolist())
+                    assert got.ids == [[h.id for h in row] for row in want_hits]
+                    assert got.scores.tolist() == [[h.score for h in row] for row in want_hits]
+                elif role == 4:
+                    assert loaded.search_batch(list(qv), K, query_token_counts=qc.tolist()) == want_hits
+                else:
+                    with pytest.raises(Exception, match="already in the index"):
+                        loaded.add_vectors(vecs[:1], counts[:1], ids=["d3"])
+            except BaseException as exc:  # noqa: BLE001  (reported below, in the test's thread)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert len(loaded) == 250 and loaded.ids() == [f"d{i}" for i in range(250)]
+        loaded.add_vectors(vecs[250:], counts[250:], ids=[f"d{i}" for i in range(250, 300)])
+        assert loaded.delete(["d0", "d299"]) == 2 and "d0" not in loaded and "d298" in loaded and len(loaded) == 298
