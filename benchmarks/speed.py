@@ -304,10 +304,17 @@ def _bench_hnsw(raw: np.ndarray, counts: np.ndarray, ids: list[str], qraw: np.nd
     recall = float(np.mean([len({x.id for x in a} & {x.id for x in b}) / 10 for a, b in zip(truth, got)]))
     # FAISS HNSW's own recall against exact cosine, for scale
     cos_truth = exact.cosine_candidates(list(qraw), 10).doc_ids
+    stats = faiss.cvar.hnsw_stats  # distance computations per query: how long each walk is
+    stats.reset()
     _, fi = fh.search(qunit, 10)
+    faiss_ndis = stats.ndis / len(qunit)
+    stats.reset()
+    h.search_batch(list(qraw), 10, query_token_counts=qcounts)
+    normrank_ndis = stats.ndis / len(qraw)
     faiss_recall = float(np.mean([len({ids[j] for j in row} & set(t)) / 10 for row, t in zip(fi.tolist(), cos_truth)]))
     out: dict[str, Any] = {"build_s": build, "faiss_build_s": faiss_build, "recall_at_10": recall,
                            "faiss_recall_at_10_cosine": faiss_recall, "M": h.hnsw_m,
+                           "distances_per_query": {"normrank": normrank_ndis, "faiss": faiss_ndis},
                            "ef_construction": h.ef_construction, "ef_search": h.ef_search}
     for label in ("batch64", "single"):
         if label == "single":
@@ -519,7 +526,9 @@ def _verdict(ok: bool) -> str:
 
 def _hnsw_row(label: str, h: dict[str, Any]) -> str:
     cells = [label, f"{h['build_s']:.0f} / {h['faiss_build_s']:.0f}",
-             f"{h['recall_at_10']:.3f} ({h['faiss_recall_at_10_cosine']:.3f})"]
+             f"{h['recall_at_10']:.3f} ({h['faiss_recall_at_10_cosine']:.3f})"
+             + (f"; distances per query {h['distances_per_query']['normrank']:.0f} / "
+                f"{h['distances_per_query']['faiss']:.0f}" if "distances_per_query" in h else "")]
     for mode in ("batch64", "single"):
         q = h[mode]["qps"]
         med, lo, hi = h[mode]["ratio_vs_faiss_hnsw"]
