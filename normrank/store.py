@@ -509,10 +509,7 @@ class NormIndex(BlendIndexBase):
             if labels.shape[1] < k:  # a filter left fewer than k documents: every row is k wide all the same
                 labels = np.pad(labels, ((0, 0), (0, k - labels.shape[1])), constant_values=-1)
                 scores = np.pad(scores, ((0, 0), (0, k - scores.shape[1])), constant_values=-np.inf)
-            g = self._docs.g[np.maximum(labels, 0)]
-            cosines = (scores.astype(np.float64)
-                       - query_column(np.asarray(w, dtype=np.float64), self._weights)[:, None]
-                       * doc_column(g, self._weights.mode))
+            cosines = self._batch_cosines(scores, self._docs.g[np.maximum(labels, 0)], w)
             pad = labels < 0
             doc_ids = self._docs.ids
             if pad.any():
@@ -722,9 +719,14 @@ class NormIndex(BlendIndexBase):
         safe = np.maximum(ids, 0)
         g = d.g[safe]
         w = np.asarray(w, dtype=np.float64)
-        cosines = scores.astype(np.float64) - query_column(w, self._weights)[:, None] * doc_column(g, self._weights.mode)
+        cosines = self._batch_cosines(scores, g, w)
         return [self._hit_row(*row) for row in zip(ids.tolist(), scores.tolist(), cosines.tolist(), g.tolist(),
                                                    d.norms[safe].tolist(), d.counts[safe].tolist(), w.tolist())]
+
+    def _batch_cosines(self, scores: np.ndarray, g: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Each hit's cosine from its blended score: the score minus the query column times the document's."""
+        qcol = query_column(np.asarray(w, dtype=np.float64), self._weights)
+        return scores.astype(np.float64) - qcol[:, None] * doc_column(g, self._weights.mode)
 
     def _hit_row(self, rows: list[int], scores: list[float], cosines: list[float], g: list[float],
                  norms: list[float], counts: list[int], w: float) -> list[Hit]:
