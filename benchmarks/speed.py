@@ -657,7 +657,7 @@ def markdown(res: dict[str, Any]) -> str:
                  f"{_verdict(p['numeric_extra_per_doc'] <= 8)} |")
     one = b.get("pad1")
     if one:
-        L += ["", f"Where the bytes go with `pad_to=1` (the default): {one['faiss_file_extra_per_doc'] - 8:.0f} for the "
+        L += ["", f"Where the bytes go with `pad_to=1` (the narrowest padding): {one['faiss_file_extra_per_doc'] - 8:.0f} for the "
               "norm column and 8 for FAISS's int64 id map inside `index.faiss`, plus "
               f"{one['numeric_sidecar_per_doc']:.0f} in side files (float32 norm, uint16 token count). Against a "
               "plain FAISS store that supports deletes (`IndexIDMap2(IndexFlatIP(384))`, which has the same id "
