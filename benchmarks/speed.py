@@ -125,6 +125,15 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def _load_average(when: str) -> list[Any]:
+    """The 1-minute load average at a point of the run: how much else shared the 2 cores (this
+    benchmark itself keeps one or two of them busy)."""
+    try:
+        return [when, round(os.getloadavg()[0], 2)]
+    except OSError:
+        return [when, None]
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t = time.perf_counter()
     fn()
@@ -132,12 +141,16 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
-    """Run each function once per repetition, in turn, so load changes hit all of them alike."""
+    """Run each function once per repetition, in turn, so load changes hit all of them alike; every
+    other repetition in reverse order, so no contender always runs right after the same other one
+    (whose memory traffic leaves it cold caches: one HNSW index measured 0.75 or 0.90 of FAISS's by
+    position alone)."""
     for fn in fns.values():  # warm-up
         fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(reps):
-        for k, fn in fns.items():
+    order = list(fns.items())
+    for r in range(reps):
+        for k, fn in (order if r % 2 == 0 else order[::-1]):
             out[k].append(timed(fn))
     return out
 
@@ -537,6 +550,17 @@ def _hnsw_row(label: str, h: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _load_words(meta: dict[str, Any]) -> str:
+    loads = [x for x in meta.get("load_averages", []) if x[1] is not None]
+    if not loads:
+        return "The machine's 2 cores were shared with other jobs."
+    top = max(x[1] for x in loads)
+    where = ", ".join(f"{w} {v:.1f}" for w, v in loads)
+    verdict = ("nothing else ran beside the benchmark, which itself keeps one or two cores busy" if top < 2.5
+               else "other jobs shared the cores for part of the run")
+    return f"1-minute load averages: {where} ({verdict})."
+
+
 def markdown(res: dict[str, Any]) -> str:
     meta = res["meta"]
     L = ["# Speed and memory benchmark", "",
@@ -545,8 +569,11 @@ def markdown(res: dict[str, Any]) -> str:
          f"`faiss.cvar.distance_compute_blas_threshold` = {meta['blas_threshold']} (default) unless a row says "
          "otherwise; batches of 64 are below it, so FAISS uses its non-BLAS kernel there.",
          f"Command: `python benchmarks/speed.py{' --tiny' if meta['tiny'] else ''}`; {meta['reps']} interleaved "
-         f"repetitions per search cell ({meta['encoder_reps']} for the encoder) after one warm-up, medians. The machine's 2 cores were shared with other jobs, so "
-         "absolute throughput is noisy; the ratios are measured in the same process, side by side.",
+         f"repetitions per search cell (at least 5 for HNSW cells and the per-step table; {meta['encoder_reps']} "
+         "for the encoder) after one warm-up, medians"
+         + ("; every other repetition runs the contenders in reverse order" if meta.get("load_averages") else "")
+         + ". " + _load_words(meta) + " Absolute throughput is noisy; the ratios are measured in the same "
+         "process, side by side.",
          "",
          "Data: synthetic clustered 384-d raw vectors (256 topics, log-normal norms shrinking with length, token "
          "counts 8..256); queries from the same distribution. normrank: `NormIndex` flat, additive blend "
@@ -765,13 +792,14 @@ def main(argv: list[str] | None = None) -> int:
             f"Python {platform.python_version()}, numpy {np.__version__}",
             "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads(),
             "blas_threshold": faiss.cvar.distance_compute_blas_threshold, "reps": args.reps, "encoder_reps": args.encoder_reps, "pads": list(pads),
-            "tiny": args.tiny, "omp_threads": list(omp)}
+            "tiny": args.tiny, "omp_threads": list(omp), "load_averages": [_load_average("start")]}
     res: dict[str, Any] = {"meta": meta, "search": []}
     for n in args.sizes:
         print(f"[speed] search at {n:,} ...", file=sys.stderr, flush=True)
         n_single = 64 if n <= 100_000 else 16
         res["search"].append(bench_size(n, args.reps, min(n_single, 8 if args.tiny else n_single), pads,
                                         hnsw=n <= args.hnsw_max, omp_threads=omp))
+        meta["load_averages"].append(_load_average(f"after {n:,}"))
         gc.collect()
     print("[speed] hnsw on real vectors ...", file=sys.stderr, flush=True)
     res["hnsw_real"] = None if args.tiny else bench_hnsw_real(args.reps)
@@ -783,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
     res["load"] = []
     for n, with_texts in [(m, False) for m in args.load_sizes] + [(args.load_sizes[0], True)]:
         res["load"].append({**bench_load(n, args.reps, with_texts), "reps": args.reps})
+    meta["load_averages"].append(_load_average("end"))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speed.md").write_text(markdown(res), encoding="utf-8")
     (args.out / "speed.json").write_text(json.dumps(res, indent=1))

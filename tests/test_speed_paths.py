@@ -228,3 +228,46 @@ def test_the_bundled_sgemm_and_numpys_give_the_same_batches(built, monkeypatch) 
         want_ids, want_s = _brute(index, raw, counts, ids, q, 10)
         _check(a, want_ids, want_s)
         _check(b, want_ids, want_s)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_a_batch_of_vector_arrays_equals_the_same_batch_given_as_lists(built, dtype) -> None:
+    """A batch of 1-D float arrays is stacked at once; as lists (or mixed with a 2-D row) each row is
+    converted on its own. The hits, values and query weights must not depend on which path ran."""
+    index, raw, counts, ids, queries = built
+    rows = [q.astype(dtype) for q in queries[:12]]
+    fast = index.search_batch(rows, 10)
+    as_lists = index.search_batch([r.tolist() for r in rows], 10)
+    mixed = index.search_batch([rows[0][None, :]] + rows[1:], 10)  # a (1, dim) row: the general path
+    assert fast == as_lists == mixed
+    arrays = index.search_arrays(rows, 10)
+    assert arrays.ids == [[h.id for h in row] for row in fast]
+    np.testing.assert_array_equal(arrays.scores, np.array([[h.score for h in row] for row in fast], np.float32))
+    # query-conditioned weights use each query's own norm and token count on either path
+    old = index.weights
+    index.set_weights(Weights(a=0.05, b=0.03))
+    index.calibrate_queries(norms=np.linalg.norm(queries.astype(np.float64), axis=1),
+                            token_counts=np.arange(5, 5 + len(queries)))
+    try:
+        tc = list(range(5, 17))
+        assert index.search_batch(rows, 10, query_token_counts=tc) == index.search_batch(
+            [r.tolist() for r in rows], 10, query_token_counts=tc)
+    finally:
+        index.set_weights(old)
+        index.query_calibrator = None
+
+
+@pytest.mark.parametrize("bad, error", [
+    ("nan", "InvalidVectorError"), ("zero", "InvalidVectorError"), ("short", "DimensionMismatchError"),
+])
+def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, error: str) -> None:
+    index, _, _, _, queries = built
+    rows = [q.copy() for q in queries[:10]]
+    rows[4] = {"nan": np.where(np.arange(DIM) == 3, np.nan, rows[4]).astype(np.float32),
+               "zero": np.zeros(DIM, np.float32), "short": rows[4][:-1]}[bad]
+    before = len(index)
+    for call in (index.search_batch, index.search_arrays):
+        with pytest.raises(Exception) as info:
+            call(rows, 10)
+        assert type(info.value).__name__ == error
+    assert len(index) == before
