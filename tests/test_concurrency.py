@@ -332,3 +332,30 @@ def test_a_loaded_index_builds_its_id_table_once_under_threads(tmp_path):
         assert len(loaded) == 250 and loaded.ids() == [f"d{i}" for i in range(250)]
         loaded.add_vectors(vecs[250:], counts[250:], ids=[f"d{i}" for i in range(250, 300)])
         assert loaded.delete(["d0", "d299"]) == 2 and "d0" not in loaded and "d298" in loaded and len(loaded) == 298
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_single_vector_searches_from_many_threads_get_their_own_answers(index_type: str) -> None:
+    """The lean single-vector path reuses one query buffer per index between calls. Threads searching
+    different queries at once must each get the hits a single thread gets for their own query."""
+    vecs, counts = synthetic(600, dim=DIM, seed=31)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(600)])
+    queries, _ = synthetic(120, dim=DIM, seed=32)
+    want = [index.search(q, K) for q in queries]
+    errors: list[BaseException] = []
+
+    def reader(offset: int) -> None:
+        try:
+            for r in range(3):
+                for j in range(offset, len(queries), 4):
+                    assert index.search(queries[j], K) == want[j]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert errors == []
