@@ -85,7 +85,7 @@ class StoreConfig(_Section):
                        description="pgvector: the documents' table; {table}_normrank holds the calibration.")
     path: str | None = Field(None, description="Folder of a saved index to load (or to save to).")
     pad_to: int = Field(8, ge=1, description="Pad the augmented width to a multiple of this "
-                                             "(8: 392 columns scan as fast as 384, 385 did not; 1 = none).")
+                                             "(8: 392 columns, faster to scan than 385; 1 = none).")
     hnsw_m: int = Field(32, gt=0)
     ef_construction: int = Field(200, gt=0)
     ef_search: int = Field(128, gt=0)

@@ -2,8 +2,8 @@
 
 Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
 the mode's norm column (``g(d)`` for the additive blend), zero-padded to a multiple
-of ``pad_to`` (8 by default: 392 columns scanned as fast as 384, 385 did not; see
-benchmarks/results/speed.md). A query
+of ``pad_to`` (8 by default: 392 columns scan as fast as 384 once the scan is bound by
+memory, from 100k documents, and faster than 385 below that; see benchmarks/results/speed.md). A query
 ``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
 search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
 
