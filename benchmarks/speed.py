@@ -143,8 +143,8 @@ def timed(fn: Callable[[], Any]) -> float:
 def interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
     """Run each function once per repetition, in turn, so load changes hit all of them alike; every
     other repetition in reverse order, so no contender always runs right after the same other one
-    (whose memory traffic leaves it cold caches: one HNSW index measured 0.75 or 0.90 of FAISS's by
-    position alone)."""
+    (whose memory traffic leaves it cold caches: the same 20k HNSW index measured 0.75 of FAISS's when
+    it always ran right after FAISS's, 0.90 in another process where it ran last)."""
     for fn in fns.values():  # warm-up
         fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
