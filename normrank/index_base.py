@@ -227,10 +227,15 @@ class BlendIndexBase:
             # the usual batch of raw vectors: one stack instead of a loop over rows (~75% of the
             # per-batch Python cost at 10k documents), the same matrix and the same checks after it
             mat = as_matrix(np.concatenate(queries).reshape(len(queries), self._dim), self._dim)
-            counts_arr = (np.full(len(queries), -1, dtype=np.int64) if token_counts is None else
-                          np.array([-1 if c is None else int(c) for c in token_counts], dtype=np.int64))
-            norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-            return mat / norms[:, None].astype(np.float32), norms, counts_arr
+            counts = [_given_count(c) for c in token_counts] if token_counts is not None else [-1] * len(queries)
+        else:
+            mat, counts = self._rows_one_by_one(queries, token_counts, enc_vecs, enc_counts)
+        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
+        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
+
+    def _rows_one_by_one(self, queries: Sequence[str | np.ndarray], token_counts: Sequence[int | None] | None,
+                         enc_vecs: Any, enc_counts: Any) -> tuple[np.ndarray, list[int]]:
+        """The query matrix and token counts for any mix of texts (already encoded) and vectors."""
         rows, counts = [], []
         t = 0
         for i, q in enumerate(queries):
@@ -240,14 +245,11 @@ class BlendIndexBase:
                 t += 1
             else:
                 rows.append(np.asarray(q, dtype=np.float32).ravel())
-                given = None if token_counts is None else token_counts[i]
-                counts.append(-1 if given is None else int(given))
+                counts.append(_given_count(None if token_counts is None else token_counts[i]))
         if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
             bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
             raise DimensionMismatchError(f"dimension mismatch: query has dimension {bad}, the index {self._dim}")
-        mat = as_matrix(np.stack(rows), self._dim)
-        norms = np.linalg.norm(mat.astype(np.float64), axis=1)
-        return mat / norms[:, None].astype(np.float32), norms, np.array(counts, dtype=np.int64)
+        return as_matrix(np.stack(rows), self._dim), counts
 
     def _query_weights(self, norms: np.ndarray, counts: np.ndarray) -> np.ndarray:
         w = self._weights
@@ -268,6 +270,11 @@ class BlendIndexBase:
             logger.warning("no query calibration: using the document calibration for query features")
             cal = self.calibrator
         return w.query_weight(cal.transform(norms, counts, w.feature))
+
+
+def _given_count(count: int | None) -> int:
+    """A query's token count as given, -1 where it is unknown."""
+    return -1 if count is None else int(count)
 
 
 def _plain_vectors(queries: Sequence[Any], dim: int) -> bool:

@@ -347,7 +347,7 @@ def test_single_vector_searches_from_many_threads_get_their_own_answers(index_ty
 
     def reader(offset: int) -> None:
         try:
-            for r in range(3):
+            for _ in range(3):
                 for j in range(offset, len(queries), 4):
                     assert index.search(queries[j], K) == want[j]
         except BaseException as exc:  # noqa: BLE001
