@@ -115,7 +115,12 @@ def test_searches_during_adds_and_deletes_see_whole_states():
             start.wait()
             for op in ops:
                 apply(index, op)
-                time.sleep(0.002)  # let readers in between operations
+                # let a reader finish a search before the next operation, so the interleaving
+                # the test needs does not hang on the scheduler (a plain sleep can be too short)
+                done = sum(len(b) for b in results.values())
+                deadline = time.monotonic() + 10
+                while sum(len(b) for b in results.values()) <= done and time.monotonic() < deadline:
+                    time.sleep(0.001)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:
