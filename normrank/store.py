@@ -40,7 +40,7 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from normrank import faiss_blas
+from normrank import faiss_blas, huge_pages
 from normrank._validation import (
     as_matrix,
     check_option,
@@ -284,6 +284,7 @@ class NormIndex(BlendIndexBase):
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
+            _huge_pages_for(self._index)
             if self._auto_calibrated and len(self) >= 2 * max(self.calibrator.n_fitted, 1) and len(self) >= 40:
                 self.recalibrate()
             return new_ids
@@ -360,6 +361,7 @@ class NormIndex(BlendIndexBase):
         self._tombstones.clear()
         self._tombstone_array = None
         self._labels = None
+        _huge_pages_for(self._index)
 
     def _dead(self) -> np.ndarray:
         """The tombstoned internal ids as a sorted array, cached until the next delete or compaction."""
@@ -443,6 +445,7 @@ class NormIndex(BlendIndexBase):
             self._index, self._tombstones = old_index, old_tombstones
             raise
         self._labels = None
+        _huge_pages_for(self._index)
         self._docs.g[:] = 0.0
         if live.size:
             self._docs.set_g(live, g)
@@ -958,6 +961,7 @@ class NormIndex(BlendIndexBase):
         if internal.size:
             docs.set_g(internal, index._shaped_feature(index.calibrator, norms.astype(np.float64), counts))
         release_free_heap()
+        _huge_pages_for(index._index)
         if index.index_type == "ivf":
             index._index.nprobe = min(index.nprobe, index._index.nlist)
         elif index.index_type == "hnsw":  # the validated settings, not whatever the FAISS file carries
@@ -1078,6 +1082,20 @@ _FAISS_TYPES: dict[str, tuple[type, type | None]] = {
     "hnsw": (faiss.IndexIDMap2, faiss.IndexHNSWFlat),
     "ivf": (faiss.IndexIVFFlat, None),
 }
+
+
+def _huge_pages_for(index: Any) -> None:
+    """Ask for huge pages for the stored vectors of a flat ``IndexIDMap2``, in the background
+    (:mod:`normrank.huge_pages`: the exact scan reads all of them). HNSW and IVF are left alone:
+    measured, a graph walk gained about 2%."""
+    if index is None or not huge_pages.enabled() or not isinstance(index, faiss.IndexIDMap2):
+        return
+    flat = faiss.downcast_index(index.index)
+    if not isinstance(flat, faiss.IndexFlat):
+        return
+    count = flat.ntotal * flat.d
+    if count:
+        huge_pages.advise_soon(faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data, count * 4)
 
 
 def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:
