@@ -1,16 +1,16 @@
 """Huge pages for the stored vectors of a flat index.
 
 Why: an exact flat search streams every stored vector. With 4 KiB pages a 10k-document index (15 MB)
-spans about 3,800 pages, more than the CPU's TLB holds, so the scan waits on page-table walks. Backed
-by 2 MiB pages the same FAISS kernel over the same bytes ran 20-35% faster at 10k and 100k documents
-and about 12% faster at 1M on the benchmark machine (benchmarks/results/speed.md). NumPy already asks
+spans about 3,800 pages, more than the CPU's TLB holds, so the scan waits on page-table walks. Moved
+to 2 MiB pages, the same FAISS kernel over the same bytes ran 1.10-1.33x faster from 10k to 1M
+documents on the benchmark machine (benchmarks/results/speed.md, section 5). NumPy already asks
 for huge pages for its own large arrays; FAISS keeps its vectors in a C++ vector, which nobody asks
 for. So normrank asks Linux itself, after each change to the storage: ``madvise(MADV_HUGEPAGE)`` marks
 the range, and ``MADV_COLLAPSE`` (Linux 6.1+) moves it into huge pages now instead of waiting for the
 ``khugepaged`` daemon (which takes minutes for a large index).
 
-The collapse copies the vectors (0.03-0.9 s for 150 MB-1.5 GB, depending on how fragmented the
-machine's memory is), which would have pushed a load past twice FAISS's ``read_index`` time. So it
+The collapse copies the vectors (0.03-0.1 s for 150 MB, 0.3-3 s for 1.5 GB, depending on how fragmented
+the machine's memory is), which would have pushed a load past twice FAISS's ``read_index`` time. So it
 runs on one background thread (:func:`advise_soon`; ctypes lets go of the GIL during the call) and
 the load or add returns at once. Both calls keep the memory's contents, so searches running meanwhile
 read the same numbers, only on smaller pages; a stale range (the storage moved when it grew) is
