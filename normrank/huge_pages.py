@@ -16,6 +16,9 @@ the load or add returns at once. Both calls keep the memory's contents, so searc
 read the same numbers, only on smaller pages; a stale range (the storage moved when it grew) is
 harmless for the same reason. Where the kernel says no (another OS, an older kernel, transparent huge
 pages set to ``never``, no free huge page) nothing changes and nothing fails.
+Like NumPy's advice for its own arrays, the mark stays on the address range after FAISS frees the
+buffer (when the index grows into a new one); buffers above glibc's mmap threshold (at most 32 MiB) are
+unmapped when freed, so what can linger on the heap is bounded by that.
 ``NORMRANK_HUGE_PAGES=off`` (or :func:`set_enabled`) turns it off, for instance to measure FAISS's
 plain storage; :func:`wait` waits for the pending advice (tests, benchmarks).
 """
