@@ -284,9 +284,10 @@ class NormIndex(BlendIndexBase):
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
-            _huge_pages_for(self._index)
             if self._auto_calibrated and len(self) >= 2 * max(self.calibrator.n_fitted, 1) and len(self) >= 40:
-                self.recalibrate()
+                self.recalibrate()  # rebuilds the index, and asks for huge pages for the new one
+            else:
+                _huge_pages_for(self._index)
             return new_ids
 
     def _ensure_index(self, mat: np.ndarray, norms: np.ndarray, counts: np.ndarray, cal: NormCalibrator) -> None:
