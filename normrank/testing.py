@@ -9,6 +9,7 @@ nothing else in normrank imports it.
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -18,6 +19,18 @@ from normrank.datasets import demo_rows
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; whether it held. Concurrency tests
+    use it to let readers in between writes, so that the overlap they check does not hang on a sleep
+    long enough for this machine's scheduler."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
 
 #: Tables a normrank pgvector index may create beside its own (state, HNSW index, a state's state).
 PG_TABLE_SUFFIXES = ("", "_normrank", "_emb_hnsw", "_normrank_normrank")

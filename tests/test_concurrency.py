@@ -10,12 +10,12 @@ the same operations run sequentially.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
 from normrank import NormIndex, Weights
+from normrank.testing import wait_until
 from tests.conftest import synthetic
 
 DIM, K = 16, 8
@@ -115,12 +115,9 @@ def test_searches_during_adds_and_deletes_see_whole_states():
             start.wait()
             for op in ops:
                 apply(index, op)
-                # let a reader finish a search before the next operation, so the interleaving
-                # the test needs does not hang on the scheduler (a plain sleep can be too short)
+                # a reader finishes a search before the next operation (a plain sleep can be too short)
                 done = sum(len(b) for b in results.values())
-                deadline = time.monotonic() + 10
-                while sum(len(b) for b in results.values()) <= done and time.monotonic() < deadline:
-                    time.sleep(0.001)
+                wait_until(lambda: sum(len(b) for b in results.values()) > done, 10)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
         finally:

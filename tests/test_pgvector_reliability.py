@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import traceback
 import uuid
 
@@ -40,6 +39,7 @@ from normrank.pg_connection import redact  # noqa: E402
 from normrank.pgvector_store import PgVectorNormIndex  # noqa: E402
 from normrank.scoring import Weights  # noqa: E402
 from normrank.store import NormIndex  # noqa: E402
+from normrank.testing import wait_until  # noqa: E402
 
 from .conftest import synthetic  # noqa: E402
 
@@ -171,20 +171,15 @@ def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table, index_
     threads = [threading.Thread(target=search_loop, args=(r, j * 5)) for j, r in enumerate(readers)]
     for t in threads:
         t.start()
-    def searches_after(count: int, at_least: int) -> None:
-        """Let the readers finish a few searches on the current state before the next flip, so the
-        overlap does not depend on how fast this machine rebuilds an HNSW graph (a fixed number of
-        flips saw 19 searches on a slow run)."""
-        deadline = time.monotonic() + 30
-        while len(seen) < count + at_least and not errors and time.monotonic() < deadline:
-            time.sleep(0.002)
-
     try:
         for flip in range(16 if index_type == "flat" else 6):  # an HNSW flip also rebuilds the graph
             writer.set_weights(w_after if flip % 2 == 0 else w_before)
             if flip % 4 == 3:
                 writer.recalibrate()  # same rows, same calibration: the answer stays the current one
-            searches_after(len(seen), 4)
+            # the readers finish 4 searches on this state before the next flip, so the overlap does not
+            # depend on how fast this machine rebuilds an HNSW graph (fixed flips once saw 19 searches)
+            done = len(seen)
+            wait_until(lambda: len(seen) >= done + 4 or bool(errors), 30)
     finally:
         stop.set()
         for t in threads:
