@@ -41,23 +41,11 @@ import faiss  # noqa: E402
 
 from normrank import huge_pages  # noqa: E402
 from normrank.scoring import Weights  # noqa: E402
-from normrank.store import NormIndex  # noqa: E402
+from normrank.store import NormIndex, flat_vectors_span  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DIM = 384
 WEIGHTS = Weights(a=0.02)  # any non-zero blend: the cost does not depend on the value
-
-
-def storage_span(flat: Any) -> tuple[int, int]:
-    """Address and size in bytes of a FAISS flat index's stored vectors."""
-    count = flat.ntotal * flat.d
-    return faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data, count * 4
-
-
-def huge_share(flat: Any) -> float:
-    """The share of a flat index's stored vectors that Linux backs with 2 MiB pages now."""
-    address, nbytes = storage_span(flat)
-    return huge_pages.huge_bytes(address, nbytes) / nbytes if nbytes else 0.0
 
 
 # ------------------------------------------------------------------ data
@@ -183,7 +171,7 @@ def bench_size(n: int, reps: int, n_single: int, pads: tuple[int, ...], hnsw: bo
     # vector gets them depends on the process's allocation history (here it usually does: NumPy's
     # freed arrays leave their huge-page advice behind). Give it the same pages, so that this section
     # compares kernels and normrank's work, not page sizes; section 5 compares what a loaded index gets.
-    huge_pages.advise(*storage_span(flat))
+    huge_pages.advise(*flat_vectors_span(flat))
     del unit
     gc.collect()
     mem = {"faiss_flat_mb": rss_mb() - r0}
@@ -203,8 +191,9 @@ def bench_size(n: int, reps: int, n_single: int, pads: tuple[int, ...], hnsw: bo
     singles = qraw[:n_single]
     res: dict[str, Any] = {"n": n, "memory_rss_mb": mem, "build_s": build, "modes": {}}
     res["steps"] = single_steps(flat, indexes[pads[0]], qunit, singles, reps)
-    res["huge_page_share"] = {"faiss": huge_share(flat), **{
-        f"normrank_pad{pad}": huge_share(faiss.downcast_index(idx._index.index)) for pad, idx in indexes.items()}}
+    res["huge_page_share"] = {"faiss": huge_pages.huge_share(*flat_vectors_span(flat)), **{
+        f"normrank_pad{pad}": huge_pages.huge_share(*flat_vectors_span(faiss.downcast_index(idx._index.index)))
+        for pad, idx in indexes.items()}}
     default_threads = faiss.omp_get_max_threads()
     cells = [(lab, thr, omp) for omp in omp_threads for lab, thr in
              (("batch64", None), ("batch64 blas", 32), ("single", None))]
@@ -479,13 +468,14 @@ out = {"s": total, "index_s": t_index, "rss_mb": rss() - r0}
 # kernel inside the IDMap2 against NormIndex.search; and how much of each store sits on 2 MiB pages
 import numpy as np
 from normrank import huge_pages
+from normrank.store import flat_vectors_span
 t = time.perf_counter()
 huge_pages.wait()  # normrank's background advice (nothing pending for FAISS): its time, measured apart
 out["huge_wait_s"] = time.perf_counter() - t
 faiss.omp_set_num_threads(1)
 flat = faiss.downcast_index(x.index if kind == "faiss" else x._index.index)
-count = flat.ntotal * flat.d
-out["huge_share"] = huge_pages.huge_bytes(faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data, count * 4) / (count * 4)
+span = flat_vectors_span(flat)
+out["huge_share"] = huge_pages.huge_share(*span)
 q = np.random.default_rng(99).standard_normal((16, flat.d if kind == "faiss" else x._dim)).astype(np.float32)
 unit = q / np.linalg.norm(q, axis=1, keepdims=True)
 one = (lambda i: flat.search(unit[i:i + 1], 10)) if kind == "faiss" else (lambda i: x.search(q[i], 10, query_token_count=12))
@@ -502,9 +492,8 @@ def per_query():
 
 out["search_s"] = per_query()
 if kind == "faiss":  # the same kernel on the same bytes, now moved to 2 MiB pages: what the pages alone buy
-    address = faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data
-    huge_pages.advise(address, count * 4)
-    out["huge_share_after_advice"] = huge_pages.huge_bytes(address, count * 4) / (count * 4)
+    huge_pages.advise(*span)
+    out["huge_share_after_advice"] = huge_pages.huge_share(*span)
     out["search_s_huge"] = per_query()
 if kind != "faiss":  # the id -> internal id table is built on the first id lookup: its cost, measured apart
     t = time.perf_counter()

@@ -105,6 +105,11 @@ def advise(address: int, nbytes: int) -> bool:
     return True
 
 
+def huge_share(address: int, nbytes: int) -> float:
+    """The share of ``[address, address + nbytes)`` on huge pages now (:func:`huge_bytes` / ``nbytes``)."""
+    return huge_bytes(address, nbytes) / nbytes if nbytes else 0.0
+
+
 def huge_bytes(address: int, nbytes: int) -> int:
     """Bytes of ``[address, address + nbytes)`` that Linux backs with huge pages now, from
     ``/proc/self/smaps`` (0 elsewhere). For tests and the benchmark's report, not for a hot path."""

@@ -1085,6 +1085,12 @@ _FAISS_TYPES: dict[str, tuple[type, type | None]] = {
 }
 
 
+def flat_vectors_span(flat: Any) -> tuple[int, int]:
+    """Address and size in bytes of a FAISS flat index's stored float32 vectors (address 0 when empty)."""
+    count = flat.ntotal * flat.d
+    return (faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data if count else 0), count * 4
+
+
 def _huge_pages_for(index: Any) -> None:
     """Ask for huge pages for the stored vectors of a flat ``IndexIDMap2``, in the background
     (:mod:`normrank.huge_pages`: the exact scan reads all of them). HNSW and IVF are left alone:
@@ -1092,11 +1098,8 @@ def _huge_pages_for(index: Any) -> None:
     if index is None or not huge_pages.enabled() or not isinstance(index, faiss.IndexIDMap2):
         return
     flat = faiss.downcast_index(index.index)
-    if not isinstance(flat, faiss.IndexFlat):
-        return
-    count = flat.ntotal * flat.d
-    if count:
-        huge_pages.advise_soon(faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data, count * 4)
+    if isinstance(flat, faiss.IndexFlat):
+        huge_pages.advise_soon(*flat_vectors_span(flat))
 
 
 def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:

@@ -25,7 +25,7 @@ import pytest
 from normrank import huge_pages
 from normrank.errors import ConfigError
 from normrank.scoring import Weights
-from normrank.store import NormIndex
+from normrank.store import NormIndex, flat_vectors_span
 
 ROOT = Path(__file__).resolve().parents[1]
 DIM = 384
@@ -73,10 +73,7 @@ def advice_on():
 
 
 def _share(index: NormIndex) -> float:
-    flat = faiss.downcast_index(index._index.index)
-    count = flat.ntotal * flat.d
-    address = faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data
-    return huge_pages.huge_bytes(address, count * 4) / (count * 4)
+    return huge_pages.huge_share(*flat_vectors_span(faiss.downcast_index(index._index.index)))
 
 
 def _corpus(n: int = N, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -109,14 +106,12 @@ def test_vectors_move_to_huge_pages_after_an_add():
 _PROBE = r"""
 import json, sys
 from normrank import huge_pages
-from normrank.store import NormIndex
+from normrank.store import NormIndex, flat_vectors_span
 import faiss
 index = NormIndex.load(sys.argv[1])
 huge_pages.wait(60)
-flat = faiss.downcast_index(index._index.index)
-count = flat.ntotal * flat.d
-address = faiss.rev_swig_ptr(flat.get_xb(), count).ctypes.data
-print(json.dumps({"share": huge_pages.huge_bytes(address, count * 4) / (count * 4), "n": len(index)}))
+share = huge_pages.huge_share(*flat_vectors_span(faiss.downcast_index(index._index.index)))
+print(json.dumps({"share": share, "n": len(index)}))
 """
 
 
