@@ -30,7 +30,7 @@ def _bundled_openblas() -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def _load() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
+def _load() -> Callable[..., None] | None:
     path = _bundled_openblas()
     if path is None:
         return None
@@ -42,12 +42,13 @@ def _load() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
     fn.argtypes = [c_int, c_int, c_int, c_int, c_int, c_int, c_float, ptr, c_int, ptr, c_int, c_float, ptr, c_int]
     fn.restype = None
 
-    def sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-        """``out[:] = a @ b.T`` for C-contiguous float32 ``a`` (r x d), ``b`` (m x d), ``out`` (r x m)."""
+    def sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, width: int | None = None) -> None:
+        """``out[:] = a[:, :width] @ b[:, :width].T`` for C-contiguous float32 rows ``a`` (r x d) and
+        ``b`` (m x d) and ``out`` (r x m); ``width`` (default d) leaves out trailing columns."""
         r, d = a.shape
         m = b.shape[0]
-        fn(_ROW_MAJOR, _NO_TRANS, _TRANS, r, m, d, 1.0, a.ctypes.data, d, b.ctypes.data, d, 0.0,
-           out.ctypes.data, m)
+        fn(_ROW_MAJOR, _NO_TRANS, _TRANS, r, m, d if width is None else width, 1.0, a.ctypes.data, d,
+           b.ctypes.data, d, 0.0, out.ctypes.data, m)
 
     # Check once against NumPy on a small product before trusting it.
     rng = np.random.default_rng(0)
@@ -55,15 +56,18 @@ def _load() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
     b = rng.standard_normal((4, 5)).astype(np.float32)
     out = np.empty((3, 4), dtype=np.float32)
     sgemm(a, b, out)
-    return sgemm if np.allclose(out, a @ b.T, atol=1e-5) else None
+    narrow = np.empty((3, 4), dtype=np.float32)
+    sgemm(a, b, narrow, 3)
+    ok = np.allclose(out, a @ b.T, atol=1e-5) and np.allclose(narrow, a[:, :3] @ b[:, :3].T, atol=1e-5)
+    return sgemm if ok else None
 
 
 @functools.cache
-def sgemm() -> Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None:
-    """The bundled ``cblas_sgemm`` as ``sgemm(a, b, out)``, or ``None`` (then use NumPy)."""
+def sgemm() -> Callable[..., None] | None:
+    """The bundled ``cblas_sgemm`` as ``sgemm(a, b, out, width=None)``, or ``None`` (then use NumPy)."""
     return _load()
 
 
-def numpy_sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """The fallback: ``out[:] = a @ b.T`` by NumPy."""
-    np.matmul(a, b.T, out=out)
+def numpy_sgemm(a: np.ndarray, b: np.ndarray, out: np.ndarray, width: int | None = None) -> None:
+    """The fallback: ``out[:] = a[:, :width] @ b[:, :width].T`` by NumPy."""
+    np.matmul(a[:, :width], b[:, :width].T, out=out)

@@ -2,8 +2,10 @@
 
 Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
 the mode's norm column (``g(d)`` for the additive blend), zero-padded to a multiple
-of ``pad_to`` (8 by default: 392 columns scan as fast as 384 once the scan is bound by
-memory, from 100k documents, and faster than 385 below that; see benchmarks/results/speed.md). A query
+of ``pad_to`` (by default 8 for flat and IVF indexes: 392 columns scan as fast as 384 once the scan is
+bound by memory, from 100k documents, and faster than 385 below that; 1 for HNSW, whose walk reads
+vectors one by one: 385 columns span as many cache lines as FAISS's 384, 392 about 2% more; see
+benchmarks/results/speed.md). A query
 ``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
 search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
 
@@ -83,6 +85,8 @@ INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf")
 FORMAT_VERSION = 2  # 2: document columns (doc_columns); 1: records.jsonl, still read
 #: Scale of the stored norm column (a power of two, so exact in float32); see ``NormIndex._augment``.
 COLUMN_SCALE = 2.0 ** -5
+#: ``pad_to`` when none is given, by index type (see :class:`NormIndex`, benchmarks/results/speed.md).
+PAD_TO_BY_INDEX_TYPE: dict[str, int] = {"flat": 8, "ivf": 8, "hnsw": 1}
 #: Every file a save writes; a manifest that does not list one of them was altered.
 #: Files every saved version has; format 2 adds ``doc_columns.COLUMN_FILES``, format 1 ``records.jsonl``.
 SAVED_FILES = ("index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json")
@@ -138,9 +142,13 @@ class NormIndex(BlendIndexBase):
     index_type:
         ``"flat"`` (exact, default), ``"hnsw"`` or ``"ivf"`` (approximate, faster at scale).
     pad_to:
-        Round the augmented width up to a multiple of this. 8 by default: FAISS's flat kernels
-        run an odd width (385) slower than 384, while 392 columns scan at the speed of 384
-        (benchmarks/results/speed.md); 1 saves 28 bytes per document of index memory.
+        Round the augmented width up to a multiple of this; ``None`` (the default) picks it by index
+        type (:data:`PAD_TO_BY_INDEX_TYPE`, benchmarks/results/speed.md). Flat and IVF: 8, because
+        FAISS's flat kernels scan an odd width (385) slower than 384 while 392 columns scan at the
+        speed of 384. HNSW: 1, because a graph walk fetches each vector from memory on its own, and
+        FAISS's buffer starts 16 bytes past a cache line, so a 385-wide vector spans the 25 cache
+        lines a 384-wide one does where a 392-wide one spans 25 or 26 (at 100k documents the walk ran
+        at 1.03 of FAISS's cosine HNSW with 385 columns and 0.96 with 392).
     calibrator, query_calibrator:
         Pre-fitted calibrations; by default the document one is fitted on the first documents
         (and refitted as the corpus doubles) and the query one by :meth:`fit` or
@@ -162,7 +170,7 @@ class NormIndex(BlendIndexBase):
         dim: int | None = None,
         weights: Weights | None = None,
         index_type: IndexType = "flat",
-        pad_to: int = 8,
+        pad_to: int | None = None,
         hnsw_m: int = 32,
         ef_construction: int = 200,
         ef_search: int = 128,
@@ -175,7 +183,8 @@ class NormIndex(BlendIndexBase):
             raise InvalidArgumentError(f"unknown index_type {index_type!r}; choose one of {list(INDEX_TYPES)}")
         if weights is not None and not isinstance(weights, Weights):
             raise InvalidArgumentError(f"weights must be a normrank.Weights, got {type(weights).__name__}")
-        self.pad_to = pad_to  # each numeric option is range-checked as it is set (see _Option)
+        # each numeric option is range-checked as it is set (see _Option)
+        self.pad_to = PAD_TO_BY_INDEX_TYPE[index_type] if pad_to is None else pad_to
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search
         self.nlist, self.nprobe = nlist, nprobe
         self._encoder = encoder
@@ -193,7 +202,8 @@ class NormIndex(BlendIndexBase):
         self._column_key: tuple[Any, ...] | None = None
         self._labels: np.ndarray | None = None  # position -> internal id of an IndexIDMap2, cached
         self._inner: Any = None  # the flat index inside the IDMap2, cached with _labels
-        self._query_buf: tuple[np.ndarray, Any] | None = None  # see _single_query_buffer
+        self._query_buf: tuple[Any, ...] | None = None  # see _single_query_buffers
+        self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
         self._lock = threading.RLock()
 
     @property
@@ -577,34 +587,36 @@ class NormIndex(BlendIndexBase):
                     or (wts.mode == "multiplicative" and not wts.is_cosine)):
                 return None
             v = np.asarray(query, dtype=np.float32)  # no copy: v is only read
-            v64 = v.astype(np.float64)
-            norm = float(np.sqrt(np.add.reduce(v64 * v64)))
+            # the batch path's float64 norm (np.linalg.norm: the same products, the same pairwise sum),
+            # in two NumPy calls instead of four: each one costs microseconds once a scan has left the
+            # caches cold
+            norm = math.sqrt(np.add.reduce(np.multiply(v, v, dtype=np.float64)))
             if not (math.isfinite(norm) and norm > 1e-12):  # NaN or inf anywhere makes the norm so
                 return None
             inner, labels = self._flat_parts()
-            q, q_ptr = self._single_query_buffer(inner.d)  # ours alone while we hold the lock
+            q, q_ptr, scores, pos, s_ptr, p_ptr = self._single_query_buffers(inner.d, k)  # ours: we hold the lock
             np.divide(v, np.float32(norm), out=q[0, : self._dim])
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
             q[0, self._dim] = qcol / self._column_scale
             # search_c: FAISS's own call minus its Python wrapper's argument checks (done above)
-            scores = np.empty((1, k), dtype=np.float32)
-            pos = np.empty((1, k), dtype=np.int64)
-            inner.search_c(1, q_ptr, k, faiss.swig_ptr(scores), faiss.swig_ptr(pos))
+            inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
             row = pos[0]
             if row[-1] < 0:  # HNSW can return fewer than k; flat never does here
                 return self._hits(np.where(row >= 0, labels[np.maximum(row, 0)], -1), scores[0], w)
-            return self._hits(labels[row], scores[0], w, all_valid=True)
+            return self._hits(row if self._positions_are_ids else labels[row], scores[0], w, all_valid=True)
 
-    def _single_query_buffer(self, width: int) -> tuple[np.ndarray, Any]:
-        """One augmented query row and its FAISS pointer, kept between single searches (they run under
-        the lock, one at a time): an allocation, a zero fill and a pointer lookup fewer per call, which
-        after a scan or a walk has left the caches cold cost a visible share of a 10k-document search.
-        The padding columns stay zero; the vector and the weight column are written on every call."""
+    def _single_query_buffers(self, width: int, k: int) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray, Any, Any]:
+        """One augmented query row, the result rows, and their FAISS pointers, kept between single
+        searches (they run under the lock, one at a time, and every result is copied out before it is
+        released): allocations, a zero fill and pointer lookups fewer per call, which after a scan or a
+        walk has left the caches cold cost a visible share of a 10k-document search. The padding
+        columns stay zero; the vector and the weight column are written on every call."""
         buf = self._query_buf
-        if buf is None or buf[0].shape[1] != width:
+        if buf is None or buf[0].shape[1] != width or buf[2].shape[1] != k:
             q = np.zeros((1, width), dtype=np.float32)
-            buf = self._query_buf = (q, faiss.swig_ptr(q))
+            scores, pos = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
+            buf = self._query_buf = (q, faiss.swig_ptr(q), scores, pos, faiss.swig_ptr(scores), faiss.swig_ptr(pos))
         return buf
 
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
@@ -645,9 +657,11 @@ class NormIndex(BlendIndexBase):
         """
         inner, labels = self._flat_parts()
         if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
-            scores, pos = _sgemm_topk(inner, qaug, k)
+            scores, pos = _sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
         else:
             scores, pos = inner.search(qaug, k)
+        if self._positions_are_ids:  # padding (-1) stays -1
+            return scores, pos
         return scores, np.where(pos >= 0, labels[np.maximum(pos, 0)], -1)
 
     def _flat_parts(self) -> tuple[Any, np.ndarray]:
@@ -655,6 +669,8 @@ class NormIndex(BlendIndexBase):
         if self._labels is None or self._inner is None:
             self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
             self._inner = faiss.downcast_index(self._index.index)
+            # true until a compaction or a rebuild after deletes: then searches skip the mapping
+            self._positions_are_ids = bool(np.array_equal(self._labels, np.arange(self._labels.size)))
         return self._inner, self._labels
 
     def _search_past_tombstones(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -1007,8 +1023,12 @@ def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
     return HitArrays([[h.id for h in row] for row in rows], scores, cosines)
 
 
-def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-``k`` of a batch over a FAISS flat index's stored vectors, by positions.
+
+    ``width`` leaves out trailing columns that are zero in the queries (the padding): they add
+    nothing to any score, and the product's work grows with the columns it multiplies (385 against
+    392 is 2% less, which is what separated it from FAISS's 384-wide BLAS kernel at 10k documents).
 
     What FAISS's BLAS path does, without its process-wide switch: the stored vectors are streamed
     once in blocks of rows, one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
@@ -1036,7 +1056,7 @@ def _sgemm_topk(flat: Any, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarra
         for j0 in range(0, n, step):
             m = min(step, n - j0)
             sims = block if m == step else np.empty((rows, m), dtype=np.float32)
-            product(qb, xb[j0:j0 + m], sims)
+            product(qb, xb[j0:j0 + m], sims, width)
             if bundled is not None:  # its OpenMP pool is FAISS's: the heaps share the threads
                 heaps.addn(m, faiss.swig_ptr(sims), j0)
                 continue

@@ -406,7 +406,7 @@ def test_nprobe_and_ef_search_set_later_take_effect():
     hnsw.ef_search = 7
     assert faiss.downcast_index(hnsw._index.index).hnsw.efSearch == 7
     with pytest.raises(InvalidArgumentError, match="pad_to is fixed once the index holds documents"):
-        hnsw.pad_to = 16  # 8 is the default now: a different width
+        hnsw.pad_to = 16  # HNSW's default is 1: a different width
 
 
 def _rewrite(folder: Path, name: str, data: bytes) -> None:

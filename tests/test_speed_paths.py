@@ -66,6 +66,41 @@ def test_padding_default_is_measured_width(built) -> None:
     assert index.pad_to == 8 and index.augmented_dim == 56  # 48 + 1 rounded up to a multiple of 8
 
 
+@pytest.mark.parametrize(("index_type", "pad", "width"), [("flat", 8, 56), ("ivf", 8, 56), ("hnsw", 1, 49)])
+def test_padding_default_depends_on_the_index_type_and_survives_a_save(tmp_path, index_type, pad, width) -> None:
+    """Flat and IVF scan rows in order (392 columns as fast as 384); an HNSW walk fetches rows one by
+    one (385 columns span no more cache lines than 384): the default differs, a given one is kept."""
+    raw, counts = _corpus(600)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type)
+    index.add_vectors(raw, counts, ids=[str(i) for i in range(600)])
+    assert index.pad_to == pad and index.augmented_dim == width
+    assert faiss_width(index) == width
+    index.save(tmp_path / index_type)
+    loaded = NormIndex.load(tmp_path / index_type)
+    assert loaded.pad_to == pad and faiss_width(loaded) == width
+    assert loaded.search(raw[0], 5) == index.search(raw[0], 5)
+    chosen = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type, pad_to=16)
+    assert chosen.pad_to == 16 and chosen.augmented_dim == 64
+
+
+def test_padding_from_yaml_null_is_the_index_types_default(tmp_path) -> None:
+    from normrank.config import build_index
+
+    for index_type, pad_line, width in (("flat", "pad_to: null", 56), ("hnsw", "pad_to: null", 49),
+                                        ("hnsw", "index_type: hnsw", 49), ("hnsw", "pad_to: 8", 56)):
+        cfg = tmp_path / "normrank.yaml"
+        cfg.write_text(f"store:\n  index_type: {index_type}\n  {pad_line}\n")
+        index = build_index(cfg)
+        index.add_vectors(*_corpus(300), ids=[str(i) for i in range(300)])
+        assert index.augmented_dim == width
+
+
+def faiss_width(index: NormIndex) -> int:
+    import faiss
+
+    return faiss.downcast_index(index._index).d
+
+
 @pytest.mark.parametrize("mode", ["additive", "tiebreak"])
 def test_single_vector_path_equals_brute_force(built, mode: str) -> None:
     index, raw, counts, ids, queries = built
@@ -173,6 +208,49 @@ def test_unpadded_index_still_answers_the_same(built) -> None:
     assert plain.augmented_dim == DIM + 1
     for q in queries[:5]:
         assert [h.id for h in plain.search(q, 10)] == [h.id for h in index.search(q, 10)]
+
+
+def test_batches_after_a_compaction_map_positions_to_ids() -> None:
+    """Until a compaction FAISS's positions are the internal ids and searches skip the mapping; after one
+    they differ, and every path (single, small batch, sgemm batch, arrays) still returns the right ids."""
+    raw, counts = _corpus(1200, seed=8)
+    ids = [f"c{i}" for i in range(1200)]
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw, counts, ids=ids)
+    queries, _ = _corpus(12, seed=9)
+    index.search(queries[0], 5)
+    assert index._positions_are_ids
+    gone = [f"c{i}" for i in range(0, 1200, 3)]
+    index.delete(gone)
+    index._compact()  # deletes past the threshold compact on their own; here at once
+    keep = np.array([i % 3 != 0 for i in range(1200)])
+    singles = [index.search(q, 10) for q in queries]
+    assert not index._positions_are_ids
+    small = index.search_batch(list(queries[:4]), 10)
+    big = index.search_batch(list(queries), 10)
+    arrays = index.search_arrays(list(queries), 10)
+    for i, q in enumerate(queries):
+        want_ids, want_s = _brute(index, raw, counts, ids, q, 10, keep)
+        _check(singles[i], want_ids, want_s)
+        _check(big[i], want_ids, want_s)
+        assert arrays.ids[i] == want_ids
+        if i < 4:
+            _check(small[i], want_ids, want_s)
+
+
+def test_the_sgemm_kernel_leaves_out_only_zero_padding(built) -> None:
+    """The batch product multiplies dim + 1 columns, not the zero padding: the same top-k and scores
+    (within float32 rounding) as the product over every stored column."""
+    index, _, _, _, queries = built
+    inner, _ = index._flat_parts()
+    qaug = np.zeros((16, inner.d), dtype=np.float32)
+    qaug[:, :DIM] = queries[:16] / np.linalg.norm(queries[:16], axis=1, keepdims=True)
+    qaug[:, DIM] = 0.05 / index._column_scale
+    assert inner.d > DIM + 1  # padded: there is something to leave out
+    narrow_s, narrow_p = store_mod._sgemm_topk(inner, qaug, 10, DIM + 1)
+    wide_s, wide_p = store_mod._sgemm_topk(inner, qaug, 10)
+    np.testing.assert_array_equal(narrow_p, wide_p)
+    np.testing.assert_allclose(narrow_s, wide_s, atol=1e-6)
 
 
 def test_sgemm_threshold_is_a_batch_size() -> None:
