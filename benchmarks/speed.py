@@ -141,17 +141,47 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
+def _last_level_cache_bytes() -> int:
+    """The CPU's largest cache as Linux reports it (32 MiB L3 on the benchmark machine); 32 MiB if unknown."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip()
+            sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
+        except (OSError, ValueError, KeyError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+_EVICT: np.ndarray | None = None
+
+
+def evict_caches() -> None:
+    """Write a buffer of twice the last-level cache, so that what the previous contender left in the
+    caches is gone before the next one starts."""
+    global _EVICT
+    if _EVICT is None:
+        _EVICT = np.zeros(2 * _last_level_cache_bytes() // 8, dtype=np.float64)
+    _EVICT += 1.0
+
+
 def interleaved(fns: dict[str, Callable[[], Any]], reps: int) -> dict[str, list[float]]:
     """Run each function once per repetition, in turn, so load changes hit all of them alike; every
-    other repetition in reverse order, so no contender always runs right after the same other one
-    (whose memory traffic leaves it cold caches: the same 20k HNSW index measured 0.75 of FAISS's when
-    it always ran right after FAISS's, 0.90 in another process where it ran last)."""
+    other repetition in reverse order; and empty the caches before each turn (:func:`evict_caches`).
+
+    Why both: a contender that runs right after another one inherits cold caches (the same 20k HNSW
+    index measured 0.75 of FAISS's when it always ran right after FAISS's, 0.90 in another process
+    where it ran last). Alternating the order alone was not enough: of three contenders, the first and
+    the last followed themselves on every other repetition and the middle one never did, and at 10k
+    documents (15 MB of vectors, inside the 32 MiB L3) a contender that follows itself starts with its
+    vectors still cached."""
     for fn in fns.values():  # warm-up
         fn()
     out: dict[str, list[float]] = {k: [] for k in fns}
     order = list(fns.items())
     for r in range(reps):
         for k, fn in (order if r % 2 == 0 else order[::-1]):
+            evict_caches()
             out[k].append(timed(fn))
     return out
 
