@@ -594,7 +594,8 @@ class NormIndex(BlendIndexBase):
             if not (math.isfinite(norm) and norm > 1e-12):  # NaN or inf anywhere makes the norm so
                 return None
             inner, labels = self._flat_parts()
-            q, q_ptr, scores, pos, s_ptr, p_ptr = self._single_query_buffers(inner.d, k)  # ours: we hold the lock
+            # ours alone while we hold the lock
+            q, q_ptr, scores, pos, s_ptr, p_ptr = self._single_query_buffers(inner.d, k)
             np.divide(v, np.float32(norm), out=q[0, : self._dim])
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
@@ -611,12 +612,16 @@ class NormIndex(BlendIndexBase):
         searches (they run under the lock, one at a time, and every result is copied out before it is
         released): allocations, a zero fill and pointer lookups fewer per call, which after a scan or a
         walk has left the caches cold cost a visible share of a 10k-document search. The padding
-        columns stay zero; the vector and the weight column are written on every call."""
+        columns stay zero; the vector and the weight column are written on every call. Result rows
+        for a ``k`` above :data:`_KEPT_K_MAX` are made for the call and not kept."""
         buf = self._query_buf
         if buf is None or buf[0].shape[1] != width or buf[2].shape[1] != k:
-            q = np.zeros((1, width), dtype=np.float32)
+            q = buf[0] if buf is not None and buf[0].shape[1] == width else np.zeros((1, width), dtype=np.float32)
             scores, pos = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
-            buf = self._query_buf = (q, faiss.swig_ptr(q), scores, pos, faiss.swig_ptr(scores), faiss.swig_ptr(pos))
+            fresh = (q, faiss.swig_ptr(q), scores, pos, faiss.swig_ptr(scores), faiss.swig_ptr(pos))
+            if k > _KEPT_K_MAX:
+                return fresh
+            buf = self._query_buf = fresh
         return buf
 
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
@@ -1002,6 +1007,8 @@ SGEMM_ROWS = 1024
 #: FAISS's heaps go parallel only past this many scores per call (``HeapArray::addn``).
 _HEAPS_PARALLEL_FROM = 100_000
 _K_MAX = 10_000_000
+#: Single searches keep their result rows between calls up to this ``k`` (a few KiB), not beyond.
+_KEPT_K_MAX = 1024
 
 
 def _read_jsonl(text: str) -> list[Any]:

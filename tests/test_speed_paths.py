@@ -210,6 +210,16 @@ def test_unpadded_index_still_answers_the_same(built) -> None:
         assert [h.id for h in plain.search(q, 10)] == [h.id for h in index.search(q, 10)]
 
 
+def test_single_searches_reuse_small_result_rows_and_never_keep_large_ones(built) -> None:
+    """Result rows are reused between single searches for the usual k; a huge k gets rows of its own
+    (not kept: 12 bytes per result), and every k answers the brute-force blend."""
+    index, raw, counts, ids, queries = built
+    for k, kept in ((10, 10), (3, 3), (store_mod._KEPT_K_MAX + 1, 3), (10, 10)):
+        for q in queries[:3]:
+            _check(index.search(q, k), *_brute(index, raw, counts, ids, q, k))
+        assert index._query_buf[2].shape[1] == kept
+
+
 def test_batches_after_a_compaction_map_positions_to_ids() -> None:
     """Until a compaction FAISS's positions are the internal ids and searches skip the mapping; after one
     they differ, and every path (single, small batch, sgemm batch, arrays) still returns the right ids."""
