@@ -604,7 +604,7 @@ class NormIndex(BlendIndexBase):
             inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
             row = pos[0]
             if row[-1] < 0:  # HNSW can return fewer than k; flat never does here
-                return self._hits(np.where(row >= 0, labels[np.maximum(row, 0)], -1), scores[0], w)
+                return self._hits(self._ids_at(row, labels), scores[0], w)
             return self._hits(row if self._positions_are_ids else labels[row], scores[0], w, all_valid=True)
 
     def _single_query_buffers(self, width: int, k: int) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray, Any, Any]:
@@ -665,9 +665,13 @@ class NormIndex(BlendIndexBase):
             scores, pos = _sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
         else:
             scores, pos = inner.search(qaug, k)
-        if self._positions_are_ids:  # padding (-1) stays -1
-            return scores, pos
-        return scores, np.where(pos >= 0, labels[np.maximum(pos, 0)], -1)
+        return scores, self._ids_at(pos, labels)
+
+    def _ids_at(self, pos: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The internal ids at FAISS positions (from :meth:`_flat_parts`); no hit (-1) stays -1."""
+        if self._positions_are_ids:
+            return pos
+        return np.where(pos >= 0, labels[np.maximum(pos, 0)], -1)
 
     def _flat_parts(self) -> tuple[Any, np.ndarray]:
         """The index inside the IDMap2 and its position -> id array, cached until the index changes."""
