@@ -135,6 +135,17 @@ def _load_average(when: str) -> list[Any]:
         return [when, None]
 
 
+def ratio_spread(num: Any, den: Any) -> list[float]:
+    """Median, 25th and 75th percentile of the per-repetition ratios ``num[i] / den[i]``."""
+    r = np.asarray(num, dtype=np.float64) / np.asarray(den, dtype=np.float64)
+    return [float(np.median(r)), float(np.percentile(r, 25)), float(np.percentile(r, 75))]
+
+
+def augmented_queries(index: NormIndex, unit: np.ndarray) -> np.ndarray:
+    """The rows ``NormIndex`` searches for these unit queries under ``WEIGHTS`` (a fixed additive weight)."""
+    return index._augment(unit, np.full(len(unit), WEIGHTS.a), query=True)
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t = time.perf_counter()
     fn()
@@ -260,9 +271,7 @@ def bench_size(n: int, reps: int, n_single: int, pads: tuple[int, ...], hnsw: bo
             "omp_threads": omp,
             "qps": {k: nq / v for k, v in med.items()},
             "ratio_vs_faiss": {k: med["faiss"] / v for k, v in med.items() if k != "faiss"},
-            "ratio_range": {k: [float(np.percentile(np.array(times["faiss"]) / np.array(v), 25)),
-                                float(np.percentile(np.array(times["faiss"]) / np.array(v), 75))]
-                            for k, v in times.items() if k != "faiss"},
+            "ratio_range": {k: ratio_spread(times["faiss"], v)[1:] for k, v in times.items() if k != "faiss"},
             "blas_threshold": threshold if threshold is not None else old,
         }
     # correctness while we are here: the blended top-10 equals brute force
@@ -300,10 +309,7 @@ def single_steps(flat: Any, idx: NormIndex, qunit: np.ndarray, qraw: np.ndarray,
     limits = _blas_limits(1)
     try:
         inner, labels = idx._flat_parts()
-        d = idx.dim
-        qa = np.zeros((len(qraw), inner.d), dtype=np.float32)
-        qa[:, :d] = qunit[: len(qraw)]
-        qa[:, d] = WEIGHTS.a / idx._column_scale
+        qa = augmented_queries(idx, qunit[: len(qraw)])
         found = [inner.search(qa[i:i + 1], 10) for i in range(len(qraw))]
         m = len(qraw)
         fns = {
@@ -319,10 +325,8 @@ def single_steps(flat: Any, idx: NormIndex, qunit: np.ndarray, qraw: np.ndarray,
         faiss.omp_set_num_threads(default_threads)
     us = {k: float(np.median(v)) / m * 1e6 for k, v in times.items()}
     us["normrank_query_prep_and_rest"] = us["normrank_search"] - us["normrank_scan"] - us["normrank_hits"]
-    ratio = np.array(times["faiss_384_scan"]) / np.array(times["normrank_search"])
     return {"width": int(inner.d), "us_per_query": us,
-            "ratio_search_vs_faiss": [float(np.median(ratio)), float(np.percentile(ratio, 25)),
-                                      float(np.percentile(ratio, 75))]}
+            "ratio_search_vs_faiss": ratio_spread(times["faiss_384_scan"], times["normrank_search"])}
 
 
 def bench_hnsw(raw: np.ndarray, counts: np.ndarray, ids: list[str], qraw: np.ndarray, qcounts: list[int],
@@ -368,9 +372,7 @@ def _bench_hnsw(raw: np.ndarray, counts: np.ndarray, ids: list[str], qraw: np.nd
     # the graph search alone, as FAISS's wrapper runs it on normrank's own graph with queries augmented
     # beforehand: separates the walk from normrank's per-call work (raw query in, Hit objects out)
     inner = faiss.downcast_index(h._index.index)
-    qaug = np.zeros((len(qraw), inner.d), dtype=np.float32)
-    qaug[:, :DIM] = qunit
-    qaug[:, DIM] = WEIGHTS.a / h._column_scale
+    qaug = augmented_queries(h, qunit)
     out: dict[str, Any] = {"build_s": build, "faiss_build_s": faiss_build, "recall_at_10": recall,
                            "width": int(inner.d),
                            "faiss_recall_at_10_cosine": faiss_recall, "M": h.hnsw_m,
@@ -390,14 +392,10 @@ def _bench_hnsw(raw: np.ndarray, counts: np.ndarray, ids: list[str], qraw: np.nd
             nq = 64
         times = interleaved(fns, max(reps, 5))
         med = {k: float(np.median(v)) for k, v in times.items()}
-        ratio = np.array(times["faiss_hnsw"]) / np.array(times["hnsw"])
         if "hnsw_walk" in times:
-            walk = np.array(times["faiss_hnsw"]) / np.array(times["hnsw_walk"])
-            out["walk_ratio_vs_faiss_hnsw"] = [float(np.median(walk)), float(np.percentile(walk, 25)),
-                                               float(np.percentile(walk, 75))]
+            out["walk_ratio_vs_faiss_hnsw"] = ratio_spread(times["faiss_hnsw"], times["hnsw_walk"])
         out[label] = {"qps": {k: nq / v for k, v in med.items()}, "speedup_vs_flat": med["flat"] / med["hnsw"],
-                      "ratio_vs_faiss_hnsw": [float(np.median(ratio)), float(np.percentile(ratio, 25)),
-                                              float(np.percentile(ratio, 75))]}
+                      "ratio_vs_faiss_hnsw": ratio_spread(times["faiss_hnsw"], times["hnsw"])}
     del fh
     return out
 
@@ -595,18 +593,17 @@ def bench_load(n: int, reps: int, with_texts: bool, seed: int = 0) -> dict[str, 
         for kind in runs:
             runs[kind] = runs[kind][1:]
 
-    def med(kind: str, key: str) -> float:
-        return float(np.median([r[key] for r in runs[kind]]))
+    def per_run(kind: str, key: str) -> list[float]:
+        return [r[key] for r in runs[kind]]
 
-    vs_store = np.array([r["s"] for r in runs["normrank"]]) / np.array([r["s"] for r in runs["faiss"]])
-    vs_read = np.array([r["s"] for r in runs["normrank"]]) / np.array([r["index_s"] for r in runs["faiss"]])
+    def med(kind: str, key: str) -> float:
+        return float(np.median(per_run(kind, key)))
+
     out.update({
         "median_s": {"faiss_read_index": med("faiss", "index_s"), "faiss_plus_docstore": med("faiss", "s"),
                      "normrank_load": med("normrank", "s")},
-        "load_ratio_vs_read_index": [float(np.median(vs_read)), float(np.percentile(vs_read, 25)),
-                                     float(np.percentile(vs_read, 75))],
-        "load_ratio_vs_read_index_plus_docstore": [float(np.median(vs_store)), float(np.percentile(vs_store, 25)),
-                                                   float(np.percentile(vs_store, 75))],
+        "load_ratio_vs_read_index": ratio_spread(per_run("normrank", "s"), per_run("faiss", "index_s")),
+        "load_ratio_vs_read_index_plus_docstore": ratio_spread(per_run("normrank", "s"), per_run("faiss", "s")),
         "rss_mb": {"faiss_idmap2_plus_docstore": med("faiss", "rss_mb"), "normrank": med("normrank", "rss_mb"),
                    "normrank_with_id_table": med("normrank", "rss_with_id_table_mb")},
         "id_table_s": med("normrank", "id_table_s"),
@@ -614,12 +611,9 @@ def bench_load(n: int, reps: int, with_texts: bool, seed: int = 0) -> dict[str, 
         "huge_wait_s": med("normrank", "huge_wait_s"),
         "search_s": {"faiss": med("faiss", "search_s"), "normrank": med("normrank", "search_s")},
     })
-    pages = np.array([r["search_s"] for r in runs["faiss"]]) / np.array([r["search_s_huge"] for r in runs["faiss"]])
-    out["faiss_pages_speedup"] = [float(np.median(pages)), float(np.percentile(pages, 25)),
-                                  float(np.percentile(pages, 75))]
+    out["faiss_pages_speedup"] = ratio_spread(per_run("faiss", "search_s"), per_run("faiss", "search_s_huge"))
     out["faiss_huge_share_after_advice"] = med("faiss", "huge_share_after_advice")
-    per = np.array([r["search_s"] for r in runs["faiss"]]) / np.array([r["search_s"] for r in runs["normrank"]])
-    out["search_ratio"] = [float(np.median(per)), float(np.percentile(per, 25)), float(np.percentile(per, 75))]
+    out["search_ratio"] = ratio_spread(per_run("faiss", "search_s"), per_run("normrank", "search_s"))
     out["rss_ratio"] = out["rss_mb"]["normrank"] / out["rss_mb"]["faiss_idmap2_plus_docstore"]
     return out
 

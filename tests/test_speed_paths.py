@@ -253,9 +253,8 @@ def test_the_sgemm_kernel_leaves_out_only_zero_padding(built) -> None:
     (within float32 rounding) as the product over every stored column."""
     index, _, _, _, queries = built
     inner, _ = index._flat_parts()
-    qaug = np.zeros((16, inner.d), dtype=np.float32)
-    qaug[:, :DIM] = queries[:16] / np.linalg.norm(queries[:16], axis=1, keepdims=True)
-    qaug[:, DIM] = 0.05 / index._column_scale
+    unit = queries[:16] / np.linalg.norm(queries[:16], axis=1, keepdims=True)
+    qaug = index._augment(unit, np.full(16, 0.05), query=True)  # the rows a search with a = 0.05 scans
     assert inner.d > DIM + 1  # padded: there is something to leave out
     narrow_s, narrow_p = store_mod._sgemm_topk(inner, qaug, 10, DIM + 1)
     wide_s, wide_p = store_mod._sgemm_topk(inner, qaug, 10)
