@@ -345,16 +345,35 @@ def test_a_batch_of_vector_arrays_equals_the_same_batch_given_as_lists(built, dt
 
 
 @pytest.mark.parametrize("bad, error", [
-    ("nan", "InvalidVectorError"), ("zero", "InvalidVectorError"), ("short", "DimensionMismatchError"),
+    ("nan", "InvalidVectorError"), ("inf", "InvalidVectorError"), ("zero", "InvalidVectorError"),
+    ("underflow", "InvalidVectorError"), ("too big for float32", "InvalidVectorError"),
+    ("short", "DimensionMismatchError"),
 ])
 def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, error: str) -> None:
     index, _, _, _, queries = built
     rows = [q.copy() for q in queries[:10]]
     rows[4] = {"nan": np.where(np.arange(DIM) == 3, np.nan, rows[4]).astype(np.float32),
-               "zero": np.zeros(DIM, np.float32), "short": rows[4][:-1]}[bad]
+               "inf": np.where(np.arange(DIM) == 3, -np.inf, rows[4]).astype(np.float32),
+               "zero": np.zeros(DIM, np.float32),
+               "underflow": np.full(DIM, 1e-30, np.float32),  # float32 squares are 0: all zero, as one by one
+               "too big for float32": np.where(np.arange(DIM) == 3, 1e39, rows[4].astype(np.float64)),
+               "short": rows[4][:-1]}[bad]
     before = len(index)
     for call in (index.search_batch, index.search_arrays):
         with pytest.raises(Exception) as info:
             call(rows, 10)
         assert type(info.value).__name__ == error
     assert len(index) == before
+
+
+def test_stacked_query_norms_are_numpys_float64_norms(built) -> None:
+    """A stacked batch's norms (which set query-conditioned weights) are exactly ``np.linalg.norm`` of the
+    float64 rows, and a tiny but nonzero row is accepted, with the answer the one-by-one path gives."""
+    index, _, _, _, queries = built
+    rows = [q.copy() for q in queries[:10]]
+    rows[2] = (rows[2] * 1e-10).astype(np.float32)
+    unit, norms, _ = index._encode_queries(rows, None)
+    want = np.linalg.norm(np.stack(rows).astype(np.float64), axis=1)
+    np.testing.assert_array_equal(norms, want)
+    np.testing.assert_array_equal(unit, np.stack(rows) / want[:, None].astype(np.float32))
+    assert index.search_batch(rows, 5) == index.search_batch([r.tolist() for r in rows], 5)
