@@ -42,11 +42,12 @@ from typing import Any, Literal
 import faiss
 import numpy as np
 
-from normrank import faiss_blas, huge_pages
+from normrank import huge_pages
 from normrank._validation import (
     as_matrix,
     check_option,
 )
+from normrank.batch_topk import SGEMM_MIN_BATCH, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
@@ -662,7 +663,7 @@ class NormIndex(BlendIndexBase):
         """
         inner, labels = self._flat_parts()
         if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
-            scores, pos = _sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
+            scores, pos = sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
         else:
             scores, pos = inner.search(qaug, k)
         return scores, self._ids_at(pos, labels)
@@ -967,8 +968,8 @@ class NormIndex(BlendIndexBase):
             problems = [
                 msg for bad, msg in (
                     (not (len(docs) == internal.size == norms.size == counts.size == count),
-                     f"{len(docs)} records, {internal.size} ids, {norms.size} norms, {counts.size} token counts, "
-                     f"manifest count {count!r}"),
+                     (f"{len(docs)} records, {internal.size} ids, {norms.size} norms, {counts.size} token counts, "
+                      f"manifest count {count!r}")),
                     (manifest.get("dim") != index._dim, f"manifest dim {manifest.get('dim')!r}, state dim {index._dim}"),
                     (faiss_index.d != index.augmented_dim,
                      f"FAISS width {faiss_index.d}, expected {index.augmented_dim}"),
@@ -996,20 +997,6 @@ class NormIndex(BlendIndexBase):
         return index
 
 
-#: Flat batches of at least this many queries are scored by one NumPy sgemm over the stored
-#: augmented vectors plus FAISS's top-k heaps, instead of FAISS's per-query kernel (FAISS switches to
-#: BLAS only from ``faiss.cvar.distance_compute_blas_threshold`` = 128000 queries; measured in
-#: benchmarks/results/speed.md). Exact either way: the same inner products, each row's top-k.
-SGEMM_MIN_BATCH = 8
-#: Score about this many query x document products per sgemm (4 MiB of float32 scores), and at
-#: most this many queries against one pass over the stored vectors.
-SGEMM_BLOCK = 1 << 20
-SGEMM_QUERY_BLOCK = 4096
-#: Stored vectors per sgemm block on one thread: FAISS's own BLAS block (1024), measured fastest at
-#: 1 thread on the benchmark machine (4096 ran 5-10% slower at 100k documents).
-SGEMM_ROWS = 1024
-#: FAISS's heaps go parallel only past this many scores per call (``HeapArray::addn``).
-_HEAPS_PARALLEL_FROM = 100_000
 _K_MAX = 10_000_000
 #: Single searches keep their result rows between calls up to this ``k`` (a few KiB), not beyond.
 _KEPT_K_MAX = 1024
@@ -1032,66 +1019,6 @@ def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
         scores[i, : len(row)] = [h.score for h in row]
         cosines[i, : len(row)] = [h.cosine for h in row]
     return HitArrays([[h.id for h in row] for row in rows], scores, cosines)
-
-
-def _sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Exact inner-product top-``k`` of a batch over a FAISS flat index's stored vectors, by positions.
-
-    ``width`` leaves out trailing columns that are zero in the queries (the padding): they add
-    nothing to any score, and the product's work grows with the columns it multiplies (385 against
-    392 is 2% less, which is what separated it from FAISS's 384-wide BLAS kernel at 10k documents).
-
-    What FAISS's BLAS path does, without its process-wide switch: the stored vectors are streamed
-    once in blocks of rows, one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
-    :mod:`normrank.faiss_blas`), and FAISS's own top-k heaps keep the best (``argpartition`` was 40x
-    slower than the heaps at 64 x 10k scores; looping over query blocks re-read 1M vectors per block).
-    """
-    n, d = flat.ntotal, flat.d
-    xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
-    bundled = faiss_blas.sgemm()
-    product = bundled or faiss_blas.numpy_sgemm
-    threads = faiss.omp_get_max_threads()
-    nq = q.shape[0]
-    out_s = np.empty((nq, k), dtype=np.float32)
-    out_p = np.empty((nq, k), dtype=np.int64)
-    for a in range(0, nq, SGEMM_QUERY_BLOCK):
-        qb = np.ascontiguousarray(q[a:a + SGEMM_QUERY_BLOCK], dtype=np.float32)
-        rows = qb.shape[0]
-        dist, pos = out_s[a:a + rows], out_p[a:a + rows]  # contiguous row blocks, filled in place
-        heaps = faiss.float_minheap_array_t()
-        heaps.k, heaps.nh = k, rows
-        heaps.val, heaps.ids = faiss.swig_ptr(dist), faiss.swig_ptr(pos)
-        heaps.heapify()
-        step = _block_rows(rows, threads)
-        block = np.empty((rows, step), dtype=np.float32)  # one query row per line, as the heaps read it
-        for j0 in range(0, n, step):
-            m = min(step, n - j0)
-            sims = block if m == step else np.empty((rows, m), dtype=np.float32)
-            product(qb, xb[j0:j0 + m], sims, width)
-            if bundled is not None:  # its OpenMP pool is FAISS's: the heaps share the threads
-                heaps.addn(m, faiss.swig_ptr(sims), j0)
-                continue
-            # NumPy's OpenBLAS has its own thread pool, whose spinning threads fought the heaps' OpenMP
-            # loop for the cores (2 threads at 300k: 289 ms against 143 ms): the heaps on one thread.
-            # Per calling thread, so no other thread changes.
-            faiss.omp_set_num_threads(1)
-            try:
-                heaps.addn(m, faiss.swig_ptr(sims), j0)
-            finally:
-                faiss.omp_set_num_threads(threads)
-        heaps.reorder()
-    return out_s, out_p
-
-
-def _block_rows(queries: int, threads: int) -> int:
-    """Stored vectors per sgemm block, chosen by batch size and thread count: FAISS's 1024 on one
-    thread; with more, enough that FAISS's heaps spread over the threads (at 100k documents and 2
-    threads, 64 queries: 0.97 of FAISS's BLAS path against 0.88 with 1024); at most ``SGEMM_BLOCK``
-    scores per block."""
-    step = SGEMM_ROWS
-    if threads > 1:
-        step = max(step, min(4 * SGEMM_ROWS, -(-(_HEAPS_PARALLEL_FROM + 1) // queries // 256) * 256 + 256))
-    return max(256, min(step, SGEMM_BLOCK // queries))
 
 
 def _read_faiss(fh: Any) -> Any:

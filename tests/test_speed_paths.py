@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from normrank import batch_topk
 from normrank import store as store_mod
 from normrank.scoring import Hit, Weights
 from normrank.store import NormIndex
@@ -256,14 +257,14 @@ def test_the_sgemm_kernel_leaves_out_only_zero_padding(built) -> None:
     unit = queries[:16] / np.linalg.norm(queries[:16], axis=1, keepdims=True)
     qaug = index._augment(unit, np.full(16, 0.05), query=True)  # the rows a search with a = 0.05 scans
     assert inner.d > DIM + 1  # padded: there is something to leave out
-    narrow_s, narrow_p = store_mod._sgemm_topk(inner, qaug, 10, DIM + 1)
-    wide_s, wide_p = store_mod._sgemm_topk(inner, qaug, 10)
+    narrow_s, narrow_p = batch_topk.sgemm_topk(inner, qaug, 10, DIM + 1)
+    wide_s, wide_p = batch_topk.sgemm_topk(inner, qaug, 10)
     np.testing.assert_array_equal(narrow_p, wide_p)
     np.testing.assert_allclose(narrow_s, wide_s, atol=1e-6)
 
 
 def test_sgemm_threshold_is_a_batch_size() -> None:
-    assert isinstance(store_mod.SGEMM_MIN_BATCH, int) and store_mod.SGEMM_MIN_BATCH >= 2
+    assert isinstance(batch_topk.SGEMM_MIN_BATCH, int) and batch_topk.SGEMM_MIN_BATCH >= 2
 
 
 def test_an_index_saved_unpadded_loads_and_round_trips_awkward_texts(tmp_path) -> None:
@@ -321,7 +322,7 @@ def test_the_bundled_sgemm_and_numpys_give_the_same_batches(built, monkeypatch) 
 def test_a_batch_of_vector_arrays_equals_the_same_batch_given_as_lists(built, dtype) -> None:
     """A batch of 1-D float arrays is stacked at once; as lists (or mixed with a 2-D row) each row is
     converted on its own. The hits, values and query weights must not depend on which path ran."""
-    index, raw, counts, ids, queries = built
+    index, _, _, _, queries = built
     rows = [q.astype(dtype) for q in queries[:12]]
     fast = index.search_batch(rows, 10)
     as_lists = index.search_batch([r.tolist() for r in rows], 10)
