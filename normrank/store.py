@@ -47,7 +47,7 @@ from normrank._validation import (
     as_matrix,
     check_option,
 )
-from normrank.batch_topk import SGEMM_MIN_BATCH, sgemm_topk
+from normrank.batch_topk import SGEMM_MIN_BATCH, one_thread_per_query, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
@@ -602,7 +602,15 @@ class NormIndex(BlendIndexBase):
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
             q[0, self._dim] = qcol / self._column_scale
             # search_c: FAISS's own call minus its Python wrapper's argument checks (done above)
-            inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
+            threads = faiss.omp_get_max_threads() if self.index_type == "flat" else 1
+            if threads > 1:  # FAISS's per-query kernel, not its database-parallel path (one_thread_per_query)
+                faiss.omp_set_num_threads(1)
+                try:
+                    inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
+                finally:
+                    faiss.omp_set_num_threads(threads)
+            else:
+                inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
             row = pos[0]
             if row[-1] < 0:  # HNSW can return fewer than k; flat never does here
                 return self._hits(self._ids_at(row, labels), scores[0], w)
@@ -664,6 +672,9 @@ class NormIndex(BlendIndexBase):
         inner, labels = self._flat_parts()
         if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
             scores, pos = sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
+        elif self.index_type == "flat":
+            with one_thread_per_query(qaug.shape[0]):
+                scores, pos = inner.search(qaug, k)
         else:
             scores, pos = inner.search(qaug, k)
         return scores, self._ids_at(pos, labels)

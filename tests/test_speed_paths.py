@@ -378,3 +378,32 @@ def test_stacked_query_norms_are_numpys_float64_norms(built) -> None:
     np.testing.assert_array_equal(norms, want)
     np.testing.assert_array_equal(unit, np.stack(rows) / want[:, None].astype(np.float32))
     assert index.search_batch(rows, 5) == index.search_batch([r.tolist() for r in rows], 5)
+
+
+def test_single_queries_do_not_depend_on_faiss_threads() -> None:
+    """With more OpenMP threads than queries and 10k+ vectors, FAISS 1.15 splits the stored vectors
+    between threads and scores them by sgemm (its database-parallel path: other rounding, and 2.5x
+    slower on the benchmark machine). normrank keeps one thread per query there, so a single query,
+    a small batch and a one-thread run give the same hits with bit-equal scores, and the caller's
+    thread count is left as it was."""
+    import faiss
+
+    raw, counts = _corpus(12_000, seed=3)
+    ids = [f"d{i}" for i in range(len(raw))]
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw, counts, ids=ids)
+    queries = _corpus(6, seed=4)[0]
+    before = faiss.omp_get_max_threads()
+    try:
+        faiss.omp_set_num_threads(1)
+        one = [index.search(q, 10) for q in queries]
+        one_batch = index.search_batch(list(queries[:3]), 10)
+        faiss.omp_set_num_threads(4)  # more threads than queries: FAISS would split the vectors
+        many = [index.search(q, 10) for q in queries]
+        many_batch = index.search_batch(list(queries[:3]), 10)
+        assert faiss.omp_get_max_threads() == 4  # put back after each call
+    finally:
+        faiss.omp_set_num_threads(before)
+    assert many == one and many_batch == one_batch == one[:3]
+    for q, hits in zip(queries, many):
+        _check(hits, *_brute(index, raw, counts, ids, q, 10))
