@@ -349,26 +349,60 @@ def _mismatch(name: str, root: Path) -> IndexFormatError:
     return IndexFormatError(f"checksum mismatch for {name} in the index at {root}: the file was truncated or altered")
 
 
-class _DeferredDigest:
-    """A file's checksum computed in a thread (hashlib releases the GIL), while the caller parses it."""
+class DeferredDigests:
+    """Checksums of a load's big files, computed while the files are parsed.
 
-    def __init__(self, path: Path, expected: str) -> None:
-        self.path, self.expected = path, expected
-        self.result: str | BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="normrank-checksum", daemon=True)
-        self.thread.start()
+    Why: hashing ``index.faiss`` before reading it cost a hash pass plus a read. Each checksum is taken
+    by whichever thread is free first: helper threads of its own where the machine has cores to spare,
+    and any thread that calls :meth:`work` (a load's parsing threads, once their own file is done). A
+    thread per file instead put four threads (two hashes, FAISS's read, the parse) on the benchmark
+    machine's two cores, and the parse, the longest, shared its core with the others.
+    """
 
-    def _run(self) -> None:
-        try:
-            self.result = sha256_file(self.path)
-        except BaseException as exc:  # noqa: BLE001  (re-raised by ok(), in the caller's thread)
-            self.result = exc
+    def __init__(self, files: dict[str, tuple[Path, str]], helpers: int) -> None:
+        self._pending = list(files.items())  # in the caller's order: the biggest file first
+        self._results: dict[str, str | BaseException] = {}
+        self._expected = {name: digest for name, (_, digest) in files.items()}
+        self._changed = threading.Condition()
+        for _ in range(min(helpers, len(self._pending))):
+            threading.Thread(target=self.work, name="normrank-checksum", daemon=True).start()
 
-    def ok(self) -> bool:
-        self.thread.join()
-        if isinstance(self.result, BaseException):
-            raise self.result
-        return self.result == self.expected
+    def work(self) -> None:
+        """Compute pending checksums in the calling thread until none is left to start."""
+        while True:
+            with self._changed:
+                if not self._pending:
+                    return
+                name, (path, _) = self._pending.pop(0)
+            try:
+                result: str | BaseException = sha256_file(path)
+            except BaseException as exc:  # noqa: BLE001  (re-raised by first_bad(), in the caller's thread)
+                result = exc
+            with self._changed:
+                self._results[name] = result
+                self._changed.notify_all()
+
+    def first_bad(self) -> str | None:
+        """The first file (in the caller's order) whose checksum does not match, once all are known."""
+        self.work()
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._results) == len(self._expected))
+        for name, expected in self._expected.items():
+            result = self._results[name]
+            if isinstance(result, BaseException):
+                raise result
+            if result != expected:
+                return name
+        return None
+
+
+def spare_cores(busy: int) -> int:
+    """Cores this process may use beyond ``busy`` threads of its own (0 when there are none)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(0, cores - busy)
 
 
 @contextmanager
@@ -380,10 +414,23 @@ def reading(
 
     Read every file inside the ``with`` block: a concurrent save may remove this
     version as soon as the block ends. Files named in ``deferred`` (large ones) are
-    checksummed in a thread while the block reads them; a mismatch raises the same
+    checksummed in threads while the block reads them; a mismatch raises the same
     ``IndexFormatError`` when the block ends, in place of any error the block raised while
     parsing the altered file, so nothing read from it is ever returned.
     """
+    with reading_deferred(root, format_version, required, deferred=deferred, busy_threads=1) as (folder, manifest, _):
+        yield folder, manifest
+
+
+@contextmanager
+def reading_deferred(
+    root: str | os.PathLike[str], format_version: int, required: Iterable[str] = (), *,
+    deferred: Iterable[str] = (), busy_threads: int = 1,
+) -> Iterator[tuple[Path, dict[str, Any], DeferredDigests]]:
+    """:func:`reading`, also yielding the deferred checksums (:class:`DeferredDigests`) so that the
+    caller's threads can take them: helper threads start only for the cores that ``busy_threads``
+    threads of the caller leave free, and a caller thread that calls ``digests.work()`` when its own
+    file is parsed takes the rest."""
     root = Path(root)
     deferred = tuple(deferred)
     if not root.exists():
@@ -392,20 +439,16 @@ def reading(
         raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
     with _locked(root, exclusive=False):
         folder, manifest = _verify(root, format_version, required, deferred)
-        checks = {name: _DeferredDigest(folder / name, manifest["files"][name])
-                  for name in deferred if name in manifest["files"]}
-
-        def first_bad() -> str | None:
-            return next((name for name, check in checks.items() if not check.ok()), None)
-
+        files = {name: (folder / name, manifest["files"][name]) for name in deferred if name in manifest["files"]}
+        digests = DeferredDigests(files, spare_cores(busy_threads))
         try:
-            yield folder, manifest
+            yield folder, manifest, digests
         except BaseException as exc:
-            bad = first_bad()
+            bad = digests.first_bad()
             if bad is not None:
                 raise _mismatch(bad, root) from exc
             raise
-        bad = first_bad()
+        bad = digests.first_bad()
         if bad is not None:
             raise _mismatch(bad, root)
 

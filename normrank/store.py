@@ -73,7 +73,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
 )
 from normrank.persistence import (
     open_nofollow,
-    reading,
+    reading_deferred,
     release_free_heap,
     write_versioned,
 )
@@ -903,9 +903,11 @@ class NormIndex(BlendIndexBase):
             A file is missing, truncated or altered (the message names it), the parts
             disagree with each other, or the format version is newer than this normrank.
         """
-        # index.faiss and texts.utf8, the big files, are checksummed in threads while they are parsed (reading's
-        # ``deferred``): a load costs about one read_index instead of a hash pass plus a read.
-        with reading(path, FORMAT_VERSION, SAVED_FILES, deferred=("index.faiss", "texts.utf8")) as (folder, manifest):
+        # index.faiss and texts.utf8, the big files, are checksummed while they are parsed (reading_deferred's
+        # ``deferred``): a load costs about one read_index instead of a hash pass plus a read. Two threads of
+        # ours are busy (this one parsing, one for FAISS's read); each takes checksums when it is done.
+        with reading_deferred(path, FORMAT_VERSION, SAVED_FILES, deferred=("index.faiss", "texts.utf8"),
+                              busy_threads=2) as (folder, manifest, digests):
             def opener(name: str) -> Any:
                 return open_nofollow(folder / name)
 
@@ -924,7 +926,7 @@ class NormIndex(BlendIndexBase):
                 gc.disable()
                 try:
                     with opener("index.faiss") as fh, ThreadPoolExecutor(1, "normrank-load") as pool:
-                        pending = pool.submit(_read_faiss, fh)
+                        pending = pool.submit(_read_faiss, fh, digests.work)
                         try:
                             with open_nofollow(folder / "state.json", "r") as sfh:
                                 state = json.loads(sfh.read())
@@ -940,6 +942,7 @@ class NormIndex(BlendIndexBase):
                             else:  # format 1 (normrank <= 0.2.0-dev): one JSON object per document
                                 with open_nofollow(folder / "records.jsonl", "r") as rfh:
                                     rows = DocColumns.records_rows(_read_jsonl(rfh.read()), path)
+                            digests.work()  # whatever checksum no thread has started yet
                         finally:
                             faiss_index = pending.result()  # FAISS's own error wins: it is about the bigger file
                     _check_faiss_type(faiss_index, state["index_type"], path)
@@ -1033,18 +1036,23 @@ def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
     return HitArrays([[h.id for h in row] for row in rows], scores, cosines)
 
 
-def _read_faiss(fh: Any) -> Any:
+def _read_faiss(fh: Any, then: Callable[[], None] | None = None) -> Any:
     """FAISS reads the file already opened (without following symlinks) through ``/proc/self/fd``
     where there is one: its own reader, with no Python bytes object per chunk (those left heap resident
-    after a load, and were slower); elsewhere through a Python callback."""
-    fd_path = f"/proc/self/fd/{fh.fileno()}"
-    if os.path.exists(fd_path):
-        return faiss.read_index(fd_path)
-    reader = faiss.PyCallbackIOReader(fh.read)
+    after a load, and were slower); elsewhere through a Python callback. ``then`` runs after the read
+    (a load's checksums), also when the read failed."""
     try:
-        return faiss.read_index(reader)
+        fd_path = f"/proc/self/fd/{fh.fileno()}"
+        if os.path.exists(fd_path):
+            return faiss.read_index(fd_path)
+        reader = faiss.PyCallbackIOReader(fh.read)
+        try:
+            return faiss.read_index(reader)
+        finally:
+            del reader
     finally:
-        del reader
+        if then is not None:
+            then()
 
 
 #: The FAISS classes each index_type saves: (outer, inner) for IDMap2-wrapped ones.

@@ -455,6 +455,40 @@ def test_a_damaged_faiss_file_is_named_even_when_faiss_fails_first(tmp_path):
         NormIndex.load(tmp_path / "idx")
 
 
+@pytest.mark.parametrize("helpers", [0, 1, 3])
+def test_deferred_checksums_are_each_taken_once_by_whichever_thread_is_free(tmp_path, monkeypatch,
+                                                                          helpers: int) -> None:
+    """A load's big files are checksummed by helper threads and by its own threads once they are free
+    (DeferredDigests): every file is hashed exactly once, the first altered file in the caller's order
+    is named, and an unreadable file is the error, with no helper at all too."""
+    names = [f"f{i}.bin" for i in range(5)]
+    files = {}
+    for i, name in enumerate(names):
+        (tmp_path / name).write_bytes(bytes([i]) * (200_000 + i))
+        files[name] = (tmp_path / name, persistence.sha256_file(tmp_path / name))
+    (tmp_path / "f1.bin").write_bytes(b"altered")
+    (tmp_path / "f3.bin").write_bytes(b"altered too")
+    hashed: list[str] = []
+    real = persistence.sha256_file
+
+    def counting(path: Path) -> str:
+        hashed.append(path.name)
+        return real(path)
+
+    monkeypatch.setattr(persistence, "sha256_file", counting)
+    digests = persistence.DeferredDigests(files, helpers)
+    workers = [threading.Thread(target=digests.work) for _ in range(3)]
+    for w in workers:
+        w.start()
+    assert digests.first_bad() == "f1.bin"
+    for w in workers:
+        w.join()
+    assert sorted(hashed) == sorted(names)  # each once, whoever took it
+    (tmp_path / "f0.bin").unlink()
+    with pytest.raises(FileNotFoundError):
+        persistence.DeferredDigests(files, helpers).first_bad()
+
+
 def test_columns_survive_deletes_saves_and_later_changes(tmp_path):
     """Deleted slots leave holes in the internal ids; a save and load keep every live document's id,
     text (None included), metadata and numbers, and the loaded index keeps adding and deleting with
