@@ -360,33 +360,47 @@ class DeferredDigests:
     """
 
     def __init__(self, files: dict[str, tuple[Path, str]], helpers: int) -> None:
-        self._pending = list(files.items())  # in the caller's order: the biggest file first
-        self._results: dict[str, str | BaseException] = {}
+        self._jobs = [(name, path) for name, (path, _) in files.items()]  # the caller's order: biggest first
         self._expected = {name: digest for name, (_, digest) in files.items()}
+        self._owner: list[int | None] = [None] * len(self._jobs)  # the thread that took each job
+        self._next = 0  # jobs before this index are taken
+        self._results: dict[str, str | BaseException] = {}
         self._changed = threading.Condition()
-        for _ in range(min(helpers, len(self._pending))):
+        for _ in range(min(helpers, len(self._jobs))):
             threading.Thread(target=self.work, name="normrank-checksum", daemon=True).start()
 
     def work(self) -> None:
         """Compute pending checksums in the calling thread until none is left to start."""
+        me = threading.get_ident()
         while True:
             with self._changed:
-                if not self._pending:
+                i = self._next
+                if i == len(self._jobs):
                     return
-                name, (path, _) = self._pending.pop(0)
-            try:
-                result: str | BaseException = sha256_file(path)
-            except BaseException as exc:  # noqa: BLE001  (re-raised by first_bad(), in the caller's thread)
-                result = exc
-            with self._changed:
-                self._results[name] = result
-                self._changed.notify_all()
+                self._owner[i] = me  # before the job counts as taken: see first_bad
+                self._next = i + 1
+            self._compute(*self._jobs[i])
+
+    def _compute(self, name: str, path: Path) -> None:
+        try:
+            result: str | BaseException = sha256_file(path)
+        except BaseException as exc:  # noqa: BLE001  (re-raised by first_bad(), in the caller's thread)
+            result = exc
+        with self._changed:
+            self._results[name] = result
+            self._changed.notify_all()
 
     def first_bad(self) -> str | None:
         """The first file (in the caller's order) whose checksum does not match, once all are known."""
         self.work()
+        me = threading.get_ident()
+        with self._changed:  # a job this thread took but never finished (a Ctrl-C in between) is redone here,
+            lost = [job for job, owner in zip(self._jobs[: self._next], self._owner)  # not waited for forever
+                    if owner == me and job[0] not in self._results]
+        for name, path in lost:
+            self._compute(name, path)
         with self._changed:
-            self._changed.wait_for(lambda: len(self._results) == len(self._expected))
+            self._changed.wait_for(lambda: len(self._results) == len(self._jobs))
         for name, expected in self._expected.items():
             result = self._results[name]
             if isinstance(result, BaseException):

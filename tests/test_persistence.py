@@ -489,6 +489,28 @@ def test_deferred_checksums_are_each_taken_once_by_whichever_thread_is_free(tmp_
         persistence.DeferredDigests(files, helpers).first_bad()
 
 
+def test_a_checksum_left_unfinished_by_an_interrupted_thread_is_redone_not_waited_for(tmp_path) -> None:
+    """A load's own thread takes checksums too; a Ctrl-C between taking one and finishing it must not
+    leave the load's exit (first_bad, in that same thread) waiting forever for a result no thread will
+    produce: the thread redoes it."""
+    path = tmp_path / "big.bin"
+    path.write_bytes(b"x" * 100_000)
+    out: list[object] = []
+
+    def load_thread() -> None:
+        digests = persistence.DeferredDigests({"big.bin": (path, persistence.sha256_file(path))}, helpers=0)
+        with digests._changed:  # as if interrupted right after taking the job
+            digests._owner[0] = threading.get_ident()
+            digests._next = 1
+        out.append(digests.first_bad())
+
+    worker = threading.Thread(target=load_thread, daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    assert not worker.is_alive(), "first_bad waited for a checksum nobody computes"
+    assert out == [None]
+
+
 def test_columns_survive_deletes_saves_and_later_changes(tmp_path):
     """Deleted slots leave holes in the internal ids; a save and load keep every live document's id,
     text (None included), metadata and numbers, and the loaded index keeps adding and deleting with
