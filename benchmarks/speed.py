@@ -748,7 +748,7 @@ def markdown(res: dict[str, Any]) -> str:
           "OpenMP parallel region on every call). With more threads than queries and 10k+ vectors, bare FAISS "
           "1.15 takes its database-parallel path (each thread scores a part of the vectors with an sgemm of the "
           "bundled OpenBLAS, which starts threads of its own there); normrank keeps FAISS's per-query kernel on "
-          "one thread per query (`normrank.batch_topk.one_thread_per_query`). That, not a faster kernel, is why "
+          "one thread per query (`normrank.batch_topk.at_most_threads`). That, not a faster kernel, is why "
           "the `single, 2 thr` rows favour normrank: a FAISS user gets the same by setting one OpenMP thread for "
           "single queries, as the `single, 1 thr` rows show (FAISS's own 1-thread rate against its 2-thread one). "
           "Kernels: `batch64` rows run FAISS with its default `distance_compute_blas_threshold` (128000: no BLAS "
@@ -776,9 +776,10 @@ def markdown(res: dict[str, Any]) -> str:
           "is within the noise; batches run different kernels. Read the 1-thread rows: at 100k and 1M documents the scan "
           "is bound by memory, dominates, and the blend costs little. At 10k the vectors (15 MB) fit in the "
           "last-level cache and a scan takes about 0.27 ms. The extra columns cost little there (a side "
-          "measurement with equal pages put 384 and 392 columns at 286 µs), but normrank's Python work after "
-          "the scan runs on caches the scan has just emptied, so the fixed per-call cost (validation, id "
-          "mapping, building `Hit` objects; the per-step table gives it for one query) is 10-20% of a query. "
+          "measurement with equal pages put 384 and 392 columns at 286 µs), but normrank's fixed per-call "
+          "Python work (validation, id mapping, building `Hit` objects; the per-step table gives it for one "
+          "query) is 10-20% of a query. It is the work itself, not cold caches: with 8 calls per turn instead "
+          "of one the ratios were the same. "
           "Before each contender's turn the benchmark writes a buffer twice the size of the last-level cache, "
           "so no contender starts with its own vectors still cached from its previous turn."]
     L += ["", "## 2. HNSW (`index_type=\"hnsw\"`, M=32, efConstruction=200, efSearch=128; 1 FAISS thread)", "",

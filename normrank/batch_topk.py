@@ -10,14 +10,15 @@ bundles (:mod:`normrank.faiss_blas`), and ``NormIndex`` calls it for flat batche
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import faiss
 import numpy as np
 
 from normrank import faiss_blas
+
+T = TypeVar("T")
 
 #: Flat batches of at least this many queries are scored here instead of by FAISS's per-query kernel.
 #: Exact either way: the same inner products, each row's top-k.
@@ -72,12 +73,7 @@ def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tu
                 continue
             # NumPy's OpenBLAS has its own thread pool, whose spinning threads fought the heaps' OpenMP
             # loop for the cores (2 threads at 300k: 289 ms against 143 ms): the heaps on one thread.
-            # Per calling thread, so no other thread changes.
-            faiss.omp_set_num_threads(1)
-            try:
-                heaps.addn(m, faiss.swig_ptr(sims), j0)
-            finally:
-                faiss.omp_set_num_threads(threads)
+            at_most_threads(1, heaps.addn, m, faiss.swig_ptr(sims), j0)
         heaps.reorder()
     return out_s, out_p
 
@@ -93,24 +89,23 @@ def block_rows(queries: int, threads: int) -> int:
     return max(256, min(step, SGEMM_BLOCK // queries))
 
 
-@contextmanager
-def one_thread_per_query(queries: int) -> Iterator[None]:
-    """Run a FAISS flat search of ``queries`` queries with at most one OpenMP thread per query.
+def at_most_threads(limit: int, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` with at most ``limit`` OpenMP threads (FAISS's and its bundled OpenBLAS's pool).
 
-    Why: with fewer queries than threads, FAISS 1.15 splits the stored vectors between its threads and
-    scores each part with an sgemm of the bundled OpenBLAS, which inside that parallel region starts
-    threads of its own. On the benchmark machine (2 cores) a single query over 10k-1M vectors took
-    2.5-2.7x as long that way as on FAISS's per-query kernel with one thread; with OpenBLAS held to
-    one thread the split was no faster than the per-query kernel. The per-query kernel also gives
-    the scores, and the order of tied documents, that every other path of ``NormIndex`` gives.
-    OpenMP's thread count is a setting of the calling thread, so no other thread is affected.
+    Why: flat searches of fewer queries than threads run with one thread per query. With fewer queries
+    than threads, FAISS 1.15 splits the stored vectors between its threads and scores each part with an
+    sgemm of the bundled OpenBLAS, which inside that parallel region starts threads of its own. On the
+    benchmark machine (2 cores) a single query over 10k-1M vectors took 2.5-2.7x as long that way as on
+    FAISS's per-query kernel with one thread; with OpenBLAS held to one thread the split was no faster
+    than the per-query kernel. The per-query kernel also gives the scores, and the order of tied
+    documents, that every other path of ``NormIndex`` gives. OpenMP's thread count is a setting of the
+    calling thread, so no other thread is affected.
     """
     threads = faiss.omp_get_max_threads()
-    if queries >= threads:
-        yield
-        return
-    faiss.omp_set_num_threads(max(1, queries))
+    if threads <= limit:
+        return call(*args)
+    faiss.omp_set_num_threads(max(1, limit))
     try:
-        yield
+        return call(*args)
     finally:
         faiss.omp_set_num_threads(threads)

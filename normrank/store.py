@@ -47,7 +47,7 @@ from normrank._validation import (
     as_matrix,
     check_option,
 )
-from normrank.batch_topk import SGEMM_MIN_BATCH, one_thread_per_query, sgemm_topk
+from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
@@ -601,14 +601,10 @@ class NormIndex(BlendIndexBase):
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
             q[0, self._dim] = qcol / self._column_scale
-            # search_c: FAISS's own call minus its Python wrapper's argument checks (done above)
-            threads = faiss.omp_get_max_threads() if self.index_type == "flat" else 1
-            if threads > 1:  # FAISS's per-query kernel, not its database-parallel path (one_thread_per_query)
-                faiss.omp_set_num_threads(1)
-                try:
-                    inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
-                finally:
-                    faiss.omp_set_num_threads(threads)
+            # search_c: FAISS's own call minus its Python wrapper's argument checks (done above); a flat
+            # index on one thread: FAISS's per-query kernel, not its database-parallel path (at_most_threads)
+            if self.index_type == "flat":
+                at_most_threads(1, inner.search_c, 1, q_ptr, k, s_ptr, p_ptr)
             else:
                 inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
             row = pos[0]
@@ -672,9 +668,8 @@ class NormIndex(BlendIndexBase):
         inner, labels = self._flat_parts()
         if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
             scores, pos = sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
-        elif self.index_type == "flat":
-            with one_thread_per_query(qaug.shape[0]):
-                scores, pos = inner.search(qaug, k)
+        elif self.index_type == "flat":  # one thread per query at most (at_most_threads)
+            scores, pos = at_most_threads(qaug.shape[0], inner.search, qaug, k)
         else:
             scores, pos = inner.search(qaug, k)
         return scores, self._ids_at(pos, labels)
@@ -926,7 +921,7 @@ class NormIndex(BlendIndexBase):
                 gc.disable()
                 try:
                     with opener("index.faiss") as fh, ThreadPoolExecutor(1, "normrank-load") as pool:
-                        pending = pool.submit(_read_faiss, fh, digests.work)
+                        pending = pool.submit(_read_faiss_then, fh, digests.work)
                         try:
                             with open_nofollow(folder / "state.json", "r") as sfh:
                                 state = json.loads(sfh.read())
@@ -1036,23 +1031,26 @@ def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
     return HitArrays([[h.id for h in row] for row in rows], scores, cosines)
 
 
-def _read_faiss(fh: Any, then: Callable[[], None] | None = None) -> Any:
+def _read_faiss(fh: Any) -> Any:
     """FAISS reads the file already opened (without following symlinks) through ``/proc/self/fd``
     where there is one: its own reader, with no Python bytes object per chunk (those left heap resident
-    after a load, and were slower); elsewhere through a Python callback. ``then`` runs after the read
-    (a load's checksums), also when the read failed."""
+    after a load, and were slower); elsewhere through a Python callback."""
+    fd_path = f"/proc/self/fd/{fh.fileno()}"
+    if os.path.exists(fd_path):
+        return faiss.read_index(fd_path)
+    reader = faiss.PyCallbackIOReader(fh.read)
     try:
-        fd_path = f"/proc/self/fd/{fh.fileno()}"
-        if os.path.exists(fd_path):
-            return faiss.read_index(fd_path)
-        reader = faiss.PyCallbackIOReader(fh.read)
-        try:
-            return faiss.read_index(reader)
-        finally:
-            del reader
+        return faiss.read_index(reader)
     finally:
-        if then is not None:
-            then()
+        del reader
+
+
+def _read_faiss_then(fh: Any, then: Callable[[], None]) -> Any:
+    """:func:`_read_faiss`, then ``then()`` in the same thread (a load's checksums), also after a failed read."""
+    try:
+        return _read_faiss(fh)
+    finally:
+        then()
 
 
 #: The FAISS classes each index_type saves: (outer, inner) for IDMap2-wrapped ones.
