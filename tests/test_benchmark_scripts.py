@@ -70,3 +70,16 @@ def test_speed_tiny(tmp_path, encoder):
     assert b["pad8"]["augmented_dim"] == 392 and b["pad1"]["augmented_dim"] == 385
     # padding costs exactly 7 more float32 columns per document in the FAISS file
     assert b["pad8"]["faiss_file_extra_per_doc"] - b["pad1"]["faiss_file_extra_per_doc"] == pytest.approx(28.0)
+
+
+def test_scan_bound_tiny(tmp_path):
+    scan_bound = _load("scan_bound")
+    if not scan_bound.build_kernels(tmp_path):
+        pytest.skip("no C compiler or no AVX2/FMA CPU: scan_bound.py measures nothing here")
+    assert scan_bound.main(["--tiny", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "scan_bound.md").read_text()
+    assert "## 2,000 documents (stored width 392)" in md
+    # every hand kernel finds FAISS's own top-10 over the same stored vectors
+    rows = [ln for ln in md.splitlines() if "+ FAISS heap (top-10)" in ln]
+    assert rows and all(ln.rstrip().endswith("| 8/8 |") for ln in rows)
+    assert "`NormIndex.search`" in md and "All in cache" in md
