@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import faiss
-from speed import DIM, WEIGHTS, evict_caches, ratio_spread, synthetic
+from speed import DIM, WEIGHTS, interleaved, ratio_spread, synthetic
 
 from normrank import huge_pages
 from normrank.store import NormIndex, flat_vectors_span
@@ -180,22 +180,6 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return dist, pos
 
 
-def per_query_times(fns: dict[str, Any], reps: int, calls: int) -> dict[str, list[float]]:
-    """Seconds per query of each function (one turn runs ``calls`` queries), interleaved, every other
-    repetition in reverse order, caches emptied before each turn."""
-    for fn in fns.values():
-        fn()
-    out: dict[str, list[float]] = {k: [] for k in fns}
-    order = list(fns.items())
-    for r in range(reps):
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
-            evict_caches()
-            t = time.perf_counter()
-            fn()
-            out[name].append((time.perf_counter() - t) / calls)
-    return out
-
-
 def bench(n: int, kernels: dict[str, Any], reps: int, calls: int) -> dict[str, Any]:
     raw, counts = synthetic(n + calls, seed=0)
     qraw, raw, counts = raw[n:].copy(), raw[:n], counts[:n]
@@ -243,7 +227,7 @@ def bench(n: int, kernels: dict[str, Any], reps: int, calls: int) -> dict[str, A
     old = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     try:
-        times = per_query_times(fns, reps, calls)
+        times = {k: [t / calls for t in v] for k, v in interleaved(fns, reps).items()}  # seconds per query
     finally:
         faiss.omp_set_num_threads(old)
     base = "FAISS per-query kernel, normrank's stored vectors"
