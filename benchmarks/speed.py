@@ -778,8 +778,10 @@ def markdown(res: dict[str, Any]) -> str:
           "last-level cache and a scan takes about 0.27 ms. The extra columns cost little there (a side "
           "measurement with equal pages put 384 and 392 columns at 286 µs), but normrank's fixed per-call "
           "Python work (validation, id mapping, building `Hit` objects; the per-step table gives it for one "
-          "query) is 10-20% of a query. It is the work itself, not cold caches: with 8 calls per turn instead "
-          "of one the ratios were the same. "
+          "query) is 10-20% of a query. It is not the benchmark emptying the caches between turns (with 8 calls "
+          "per turn instead of one the ratios were the same), but each call's own scan, which leaves the caches "
+          "cold for the work after it: `scan_bound.md` measures that work at about three times its cost in warm "
+          "caches, and finds no hand-written kernel faster than FAISS's scan. "
           "Before each contender's turn the benchmark writes a buffer twice the size of the last-level cache, "
           "so no contender starts with its own vectors still cached from its previous turn."]
     L += ["", "## 2. HNSW (`index_type=\"hnsw\"`, M=32, efConstruction=200, efSearch=128; 1 FAISS thread)", "",
