@@ -39,7 +39,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from speed import DIM, WEIGHTS, evict_caches, synthetic
+from speed import DIM, WEIGHTS, cpu_model, interleaved, synthetic
 
 QUERIES = ["how does the boundary layer behave at high mach numbers",
            "information retrieval evaluation with relevance judgments",
@@ -91,21 +91,12 @@ def build(n: int) -> tuple[dict[str, Any], np.ndarray]:
 
 def bench(n: int, reps: int, nq: int) -> dict[str, Any]:
     fns, _ = build(n)
-    for f in fns.values():
-        f(0)
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    order = list(fns.items())
-    # Every other repetition in reverse order, and the caches emptied before each turn, as in speed.py:
-    # in a fixed order each normrank store always ran right after a stock store's NumPy scan of the
-    # whole corpus (at 100k the LangChain one measured 3x slower than the LlamaIndex one over the
-    # same index).
-    for r in range(reps):
-        for k, f in (order if r % 2 == 0 else order[::-1]):
-            evict_caches()
-            t = time.perf_counter()
-            for i in range(nq):
-                f(i)
-            times[k].append((time.perf_counter() - t) / nq)
+    # speed.py's interleaved(): every other repetition in reverse order, and the caches emptied before
+    # each turn. In a fixed order each normrank store always ran right after a stock store's NumPy scan
+    # of the whole corpus (at 100k the LangChain one measured 3x slower than the LlamaIndex one over
+    # the same index).
+    turns = {k: (lambda f=f: [f(i) for i in range(nq)]) for k, f in fns.items()}
+    times = {k: [t / nq for t in v] for k, v in interleaved(turns, reps).items()}  # seconds per query
     return {"n": n, "queries_per_rep": nq, "reps": reps, "times_s": times,
             "median_ms": {k: float(np.median(v)) * 1e3 for k, v in times.items()}}
 
@@ -186,8 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encode-reps", type=int, default=20)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
-    import platform
-
     import faiss
     import langchain_core
     import llama_index.core
@@ -199,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         res["sizes"].append(bench(n, args.reps if n <= 10_000 else max(3, args.reps // 2), 8 if n <= 10_000 else 4))
     print("[anchors] encode ...", file=sys.stderr, flush=True)
     res["encode"] = bench_encode(args.encode_reps)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    res["meta"] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu,
+    res["meta"] = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu_model(),
                    "load": os.getloadavg()[0], "langchain_core": langchain_core.__version__,
                    "llama_index_core": llama_index.core.__version__, "faiss": faiss.__version__,
                    "faiss_threads": 1}

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import faiss
-from speed import DIM, WEIGHTS, interleaved, ratio_spread, synthetic
+from speed import DIM, WEIGHTS, cpu_model, interleaved, ratio_spread, synthetic
 
 from normrank import huge_pages
 from normrank.store import NormIndex, flat_vectors_span
@@ -323,10 +323,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         import platform
 
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), platform.machine())
         meta = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-                "machine": f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                "machine": f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}",
                 "faiss": faiss.__version__, "reps": args.reps, "calls": args.calls}
         res: dict[str, Any] = {"meta": meta, "sizes": []}
         for n in args.sizes:

@@ -146,6 +146,15 @@ def augmented_queries(index: NormIndex, unit: np.ndarray) -> np.ndarray:
     return index._augment(unit, np.full(len(unit), WEIGHTS.a), query=True)
 
 
+def cpu_model() -> str:
+    """The CPU's model name as Linux reports it (``platform.processor()`` where there is no /proc/cpuinfo)."""
+    import platform
+
+    info = Path("/proc/cpuinfo")
+    lines = info.read_text().splitlines() if info.exists() else []
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.processor())
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t = time.perf_counter()
     fn()
@@ -947,10 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     omp = tuple(args.omp_threads or sorted({faiss.omp_get_max_threads(), 1}, reverse=True))
     import platform
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{cpu}, {os.cpu_count()} cores (shared), "
+    meta = {"date": dt.date.today().isoformat(), "machine": f"{cpu_model()}, {os.cpu_count()} cores (shared), "
             f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GB RAM, "
             f"Python {platform.python_version()}, numpy {np.__version__}",
             "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads(),
