@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from normrank.calibration import NormCalibrator
-from normrank.encoders import RawEncoder, check_texts
+from normrank.encoders import RawEncoder, check_texts, encoder_from_settings
 from normrank.errors import (
     DuplicateIdError,
     EmptyCorpusError,
@@ -109,8 +109,7 @@ class _EncodeBatch:
             import torch
 
             torch.set_num_threads(threads)
-        self.encoder = RawEncoder(settings["model"], batch_size=settings["batch_size"], device=settings["device"],
-                                  max_seq_length=settings["max_seq_length"], show_progress=False)
+        self.encoder = encoder_from_settings(settings, show_progress=False, what="the corpus")
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> Any:
         import pyarrow as pa
@@ -259,12 +258,7 @@ class EncodedCorpus:
 
 
 def _encoder_from(settings: Mapping[str, Any]) -> RawEncoder:
-    model = settings.get("model")
-    if model is not None and not Path(model).exists():
-        logger.warning("the model %r the corpus was encoded with is not here; using the bundled model", model)
-        model = None
-    return RawEncoder(model, batch_size=settings.get("batch_size", 64), device=settings.get("device", "cpu"),
-                      max_seq_length=settings.get("max_seq_length"))
+    return encoder_from_settings(settings, what="the corpus")
 
 
 # ---------------------------------------------------------------- encoding

@@ -37,14 +37,13 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Self, TypeVar
 
 import numpy as np
 
 from normrank._validation import check_option, check_text
 from normrank.calibration import NormCalibrator
-from normrank.encoders import RawEncoder
+from normrank.encoders import RawEncoder, encoder_from_settings
 from normrank.errors import (
     BackendError,
     DimensionMismatchError,
@@ -361,10 +360,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self._auto_calibrated, self._count, self._version = state.auto_calibrated, state.count, state.version
         self._column_key = state.column_key
         if self._encoder is None and state.encoder:
-            e = state.encoder
-            model = e["model"] if Path(str(e.get("model"))).exists() else None
-            self._encoder = RawEncoder(model, batch_size=e["batch_size"], device=e["device"],
-                                       max_seq_length=e["max_seq_length"])
+            self._encoder = encoder_from_settings(state.encoder, what="the table")
         self._exists = True
 
     def _check_names_free(self, cur: Any) -> None:

@@ -151,7 +151,6 @@ class PooledEncoder(RawEncoder):
     def _pool(self, items: list[str], poolings: Sequence[str], show: bool) -> dict[str, np.ndarray]:
         import torch
 
-        model = self.model
         dim = self.dim
         out = {p: np.zeros((len(items), dim), dtype=np.float32) for p in poolings}
         weights = self.vocab_weights() if "sif" in poolings else None
@@ -159,12 +158,9 @@ class PooledEncoder(RawEncoder):
         order = np.argsort([-len(t) for t in items], kind="stable")
         for n_batch, start in enumerate(range(0, len(items), self.batch_size)):
             idx = order[start : start + self.batch_size]
-            with self._lock:  # the tokenizer and the model are shared with other threads
-                prep = getattr(model, "preprocess", None) or model.tokenize
-                features = prep([items[i] for i in idx])
-                features = {k: (v.to(model.device) if hasattr(v, "to") else v) for k, v in features.items()}
-                with torch.inference_mode():
-                    result = model[0](dict(features))
+            with self._lock, torch.inference_mode():  # the tokenizer and the model are shared with other threads
+                features = dict(self._preprocess([items[i] for i in idx]))
+                result = self._token_features(features)  # torch's transformer, or the ONNX session
                 tokens = result["token_embeddings"].float().cpu().numpy()
                 mask = features["attention_mask"].cpu().numpy()
                 ids = features["input_ids"].cpu().numpy()

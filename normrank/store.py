@@ -51,7 +51,7 @@ from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
-from normrank.encoders import RawEncoder
+from normrank.encoders import RawEncoder, encoder_from_settings
 from normrank.errors import (
     DuplicateIdError,
     EmptyCorpusError,
@@ -954,13 +954,8 @@ class NormIndex(BlendIndexBase):
                 raise IndexFormatError(f"the index at {path} could not be read: {exc}") from exc
         try:
             if encoder is None and state.get("encoder"):
-                e = state["encoder"]
-                model = e["model"] if Path(e["model"]).exists() else None
-                if model is None:
-                    logger.warning("the model %r the index was saved with is not here; using the bundled model",
-                                   e["model"])
-                encoder = RawEncoder(model, batch_size=e["batch_size"], device=e["device"],
-                                     max_seq_length=e["max_seq_length"])
+                # the encoder it was saved with: the same backend and pooling, or queries would not match
+                encoder = encoder_from_settings(state["encoder"])
             index = cls(
                 encoder, dim=state["dim"], weights=Weights(**state["weights"]), index_type=state["index_type"],
                 pad_to=state["pad_to"], hnsw_m=state["hnsw_m"], ef_construction=state["ef_construction"],

@@ -294,3 +294,20 @@ def test_two_writers_share_one_table(pg_dsn, table):
     assert_same_ranking(ref.search_batch(list(vecs[:15]), 5), b.search_batch(list(vecs[:15]), 5, exact=True))
     a.close()
     b.close()
+
+
+def test_reopened_table_keeps_the_encoders_pooling_and_backend(pg_dsn, table, demo_texts):
+    """Another process opening the table by name gets the encoder the rows were written with: a
+    PooledEncoder's pooling and the backend, not the default mean-pooled torch encoder."""
+    from normrank.pooling import PooledEncoder
+
+    enc = PooledEncoder(pooling="norm", show_progress=False)
+    pg = PgVectorNormIndex.from_texts(demo_texts[:12], ids=[f"d{i}" for i in range(12)], encoder=enc,
+                                      dsn=pg_dsn, table=table, weights=Weights(a=0.02))
+    before = pg.search("photosynthesis in plants", 3)
+    pg.close()
+    other = PgVectorNormIndex(pg_dsn, table)
+    assert isinstance(other.encoder, PooledEncoder) and other.encoder.pooling == "norm"
+    assert other.encoder.backend == "torch"
+    assert [h.id for h in other.search("photosynthesis in plants", 3)] == [h.id for h in before]
+    other.close()
