@@ -127,11 +127,16 @@ def encoder_settings(encoder: RawEncoder) -> dict[str, Any]:
 
 
 def check_encoder_options(options: Mapping[str, Any]) -> None:
-    """Refuse out-of-range ``batch_size`` / ``max_seq_length`` at construction, not at the first query."""
+    """Refuse out-of-range ``batch_size`` / ``max_seq_length``, and an unknown ``backend`` (or one that
+    cannot run on ``device``), at construction, not at the first query."""
     if options.get("batch_size") is not None:
         check_option("batch_size", options["batch_size"])
     if options.get("max_seq_length") is not None:
         check_option("max_seq_length", options["max_seq_length"])
+    if "backend" in options:
+        from normrank.onnx_backend import check_backend
+
+        check_backend(options["backend"], options.get("device") or "cpu")
 
 
 def build_encoder(model: str | None, *, pooling: str = "mean", sif_a: float = 1e-3,

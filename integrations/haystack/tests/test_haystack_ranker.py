@@ -156,3 +156,20 @@ def test_from_config(tmp_path, index):
     assert r2.calibrator == index.calibrator and r2.weights == index.weights
     r3 = NormRankRanker.from_config({"store": {"path": str(tmp_path / "idx")}, "haystack": {"calibration": "candidates"}})
     assert r3.calibrator is None
+
+
+def test_backend_is_serialised_taken_from_a_shared_encoder_and_validated():
+    from normrank import RawEncoder
+
+    ranker = NormRankRanker(backend="onnx")
+    data = ranker.to_dict()
+    assert data["init_parameters"]["backend"] == "onnx"
+    assert NormRankRanker.from_dict(data).backend == "onnx"
+    shared = NormRankRanker(encoder=RawEncoder(backend="onnx-int8"))
+    assert shared.to_dict()["init_parameters"]["backend"] == "onnx-int8"
+    old = dict(data, init_parameters={k: v for k, v in data["init_parameters"].items() if k != "backend"})
+    assert NormRankRanker.from_dict(old).backend == "torch"  # pipelines saved before the setting existed
+    with pytest.raises(InvalidArgumentError, match="backend"):
+        NormRankRanker(backend="tensorrt")
+    with pytest.raises(InvalidArgumentError, match="CPU"):
+        NormRankRanker(backend="onnx-int8", device="cuda")

@@ -29,6 +29,9 @@ class NormRankEmbeddings(Embeddings):
         and ``device`` unset).
     batch_size, device:
         Passed to the encoder (defaults 64 and ``"cpu"``).
+    backend:
+        The encoder's backend: ``"torch"`` (default), or ``"onnx"`` / ``"onnx-int8"`` on ONNX Runtime
+        (CPU; ``pip install 'normrank[onnx]'``; see :class:`normrank.RawEncoder`).
 
     Raises
     ------
@@ -43,13 +46,15 @@ class NormRankEmbeddings(Embeddings):
         encoder: RawEncoder | None = None,
         batch_size: int | None = None,
         device: str | None = None,
+        backend: str | None = None,
     ) -> None:
         if encoder is not None:
-            if model is not None or batch_size is not None or device is not None:
-                raise InvalidArgumentError("give either an encoder or model/batch_size/device, not both")
+            if model is not None or batch_size is not None or device is not None or backend is not None:
+                raise InvalidArgumentError("give either an encoder or model/batch_size/device/backend, not both")
             self.encoder = encoder
         else:
-            self.encoder = RawEncoder(model, batch_size=batch_size or 64, device=device or "cpu")
+            self.encoder = RawEncoder(model, batch_size=batch_size or 64, device=device or "cpu",
+                                      backend=backend or "torch")
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Raw vectors of ``texts`` (an empty list gives an empty list)."""

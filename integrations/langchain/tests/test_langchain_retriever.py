@@ -231,3 +231,15 @@ async def test_raw_embeddings(encoder):
 def test_index_must_be_searchable():
     with pytest.raises(ValueError, match="index"):
         NormRankRetriever(index=object(), k=2)
+
+
+def test_embeddings_take_a_backend(encoder):
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    emb = NormRankEmbeddings(backend="onnx")
+    assert emb.encoder.backend == "onnx"
+    text = "raw norms carry specificity"
+    np.testing.assert_allclose(emb.embed_query(text), encoder.encode([text])[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InvalidArgumentError):
+        NormRankEmbeddings(encoder=encoder, backend="onnx")
+    with pytest.raises(InvalidArgumentError, match="backend"):
+        NormRankEmbeddings(backend="openvino")

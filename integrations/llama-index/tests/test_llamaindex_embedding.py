@@ -172,3 +172,17 @@ def test_retriever_explanation_never_overwrites_user_keys(encoder, caplog):
     assert "own metadata key 'normrank'" in caplog.text
     with pytest.raises(InvalidArgumentError, match="reserves"):
         NormRankRetriever.from_texts(["a text"], metadatas=[{"normrank": 1}], encoder=encoder)
+
+
+def test_backend_is_a_setting_of_the_embedding(encoder):
+    """``backend`` builds the encoder and survives to_dict/from_dict; with an encoder it is refused."""
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    emb = NormRankEmbedding(backend="onnx")
+    again = NormRankEmbedding.from_dict(emb.to_dict())
+    assert emb.encoder.backend == again.encoder.backend == again.backend == "onnx"
+    text = "raw norms carry specificity"
+    np.testing.assert_allclose(again.get_text_embedding(text), encoder.encode([text])[0], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InvalidArgumentError):
+        NormRankEmbedding(encoder=encoder, backend="onnx")
+    with pytest.raises(InvalidArgumentError, match="backend"):
+        NormRankEmbedding(backend="openvino")

@@ -242,3 +242,24 @@ def test_query_engine_over_the_normrank_store_encodes_only_the_query(encoder, id
     for n, v in zip(out, vectors):  # scored with the stored vectors
         cos = float(v @ qv / np.linalg.norm(v) / np.linalg.norm(qv))
         assert n.node.metadata["normrank"]["cosine"] == pytest.approx(cos, abs=1e-5)
+
+
+def test_the_encoder_backend_round_trips_is_validated_and_reranks_alike(encoder, ids, demo_texts):
+    """``backend`` is an encoder setting like the others: taken from a shared encoder, serialised,
+    refused when unknown or on a GPU; the fp32 ONNX backend re-ranks as torch does."""
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    from normrank import RawEncoder
+
+    post = NormRankPostprocessor(encoder=RawEncoder(backend="onnx"), top_n=5, weights={"a": 0.03})
+    again = NormRankPostprocessor.from_dict(post.to_dict())
+    assert post.backend == again.backend == again.encoder.backend == "onnx"
+    q = "What does mitochondrial DNA encode?"
+    torch_post = NormRankPostprocessor(encoder=encoder, top_n=5, weights={"a": 0.03})
+    got = _ranked(again.postprocess_nodes(_nodes(ids[:12], demo_texts[:12]), query_str=q))
+    want = _ranked(torch_post.postprocess_nodes(_nodes(ids[:12], demo_texts[:12]), query_str=q))
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+    with pytest.raises(InvalidArgumentError, match="backend"):
+        NormRankPostprocessor(backend="tensorrt")
+    with pytest.raises(InvalidArgumentError, match="CPU"):
+        NormRankPostprocessor(backend="onnx", device="cuda")

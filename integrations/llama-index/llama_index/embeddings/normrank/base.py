@@ -59,6 +59,7 @@ class NormRankEmbedding(BaseEmbedding):
 
     model: str | None = Field(None, description="Local sentence-transformers folder; None = bundled model.")
     device: str = Field("cpu", description="Torch device.")
+    backend: str = Field("torch", description="Encoder backend: torch, onnx or onnx-int8 (CPU; normrank[onnx]).")
     _encoder: RawEncoder = PrivateAttr()
     _warned_stores: set[str] = PrivateAttr(default_factory=set)
 
@@ -69,6 +70,7 @@ class NormRankEmbedding(BaseEmbedding):
         encoder: RawEncoder | None = None,
         embed_batch_size: int = 64,
         device: str | None = None,
+        backend: str | None = None,
         **kwargs: Any,
     ) -> None:
         model_name = kwargs.pop("model_name", None)  # from_dict / to_dict round trips pass it back
@@ -77,15 +79,17 @@ class NormRankEmbedding(BaseEmbedding):
             raise InvalidArgumentError(
                 f"NormRankEmbedding got unknown keyword arguments {unknown}; it takes model, encoder, "
                 f"embed_batch_size, device and {sorted(_PASSED_ON)}")
-        if encoder is not None and (model is not None or device is not None):
-            raise InvalidArgumentError("give either an encoder or model/device, not both")
+        if encoder is not None and (model is not None or device is not None or backend is not None):
+            raise InvalidArgumentError("give either an encoder or model/device/backend, not both")
         if encoder is not None and not isinstance(encoder, RawEncoder):
             raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
-        enc = encoder or RawEncoder(model, batch_size=embed_batch_size, device=device or "cpu")
+        enc = encoder or RawEncoder(model, batch_size=embed_batch_size, device=device or "cpu",
+                                    backend=backend or "torch")
         if model_name is not None and model is None and encoder is None and model_name != enc.model_name:
             raise InvalidArgumentError(f"model_name {model_name!r} is not this embedding's model; pass model=...")
         super().__init__(model_name=enc.model_name, embed_batch_size=embed_batch_size,
-                         model=None if model is None else str(model), device=enc.device, **kwargs)
+                         model=None if model is None else str(model), device=enc.device, backend=enc.backend,
+                         **kwargs)
         self._encoder = enc
 
     @classmethod

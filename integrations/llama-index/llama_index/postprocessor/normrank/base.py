@@ -112,6 +112,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
     max_seq_length: int | None = Field(None, gt=0, description="Encoder max tokens (None = model default).")
     pooling: str = Field("mean", description="Encoder pooling: mean (the stock model) or a research pooling.")
     sif_a: float = Field(1e-3, gt=0, description="SIF constant of the sif pooling.")
+    backend: str = Field("torch", description="Encoder backend: torch, onnx or onnx-int8 (CPU; normrank[onnx]).")
     metadata_mode: MetadataMode = Field(MetadataMode.EMBED, description="Node content view that is encoded.")
     cache_size: int = Field(10_000, ge=0, description="Node vectors kept in memory (by node id + content hash).")
 
@@ -194,7 +195,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
                 if self._encoder is None:
                     self._encoder = build_encoder(
                         self.model, pooling=self.pooling, sif_a=self.sif_a, batch_size=self.batch_size,
-                        device=self.device, max_seq_length=self.max_seq_length)
+                        device=self.device, max_seq_length=self.max_seq_length, backend=self.backend)
         return self._encoder
 
     # ------------------------------------------------------------ vectors

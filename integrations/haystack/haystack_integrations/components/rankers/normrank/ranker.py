@@ -105,6 +105,7 @@ class NormRankRanker:
         sif_a: float = 1e-3,
         cache_size: int = 10_000,
         encoder: RawEncoder | None = None,
+        backend: str = "torch",
     ) -> None:
         """
         :param model: Local sentence-transformers folder; ``None`` = the bundled all-MiniLM-L6-v2.
@@ -121,6 +122,8 @@ class NormRankRanker:
         :param pooling: Encoder pooling: ``mean`` (the stock model) or a research pooling
             (``norm``, ``norm2``, ``inv_norm``, ``sif``; see :mod:`normrank.pooling`).
         :param sif_a: The SIF constant of the ``sif`` pooling.
+        :param backend: Encoder backend: ``torch``, or ``onnx`` / ``onnx-int8`` on ONNX Runtime (CPU;
+            ``pip install 'normrank[onnx]'``; see :class:`normrank.RawEncoder`).
         :param cache_size: Document vectors kept in memory.
         :param encoder: An existing ``RawEncoder`` to share (then ``model`` and every encoder setting
             are taken from it, and serialised, so ``Pipeline.dumps`` rebuilds the same encoder).
@@ -138,9 +141,12 @@ class NormRankRanker:
             settings = encoder_settings(encoder)
             model, batch_size, device = settings["model"], settings["batch_size"], settings["device"]
             max_seq_length, pooling, sif_a = settings["max_seq_length"], settings["pooling"], settings["sif_a"]
+            backend = settings.get("backend", "torch")
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
-        check_encoder_options({"batch_size": batch_size, "max_seq_length": max_seq_length})
+        check_encoder_options({"batch_size": batch_size, "max_seq_length": max_seq_length, "backend": backend,
+                               "device": device})
+        self.backend = backend
         self.model = model
         self.batch_size = batch_size
         self.device = device
@@ -198,7 +204,7 @@ class NormRankRanker:
             query_calibrator=self.query_calibrator.to_dict() if self.query_calibrator else None,
             keep_retrieval_score=self.keep_retrieval_score, batch_size=self.batch_size, device=self.device,
             max_seq_length=self.max_seq_length, pooling=self.pooling, sif_a=self.sif_a,
-            cache_size=self.cache_size,
+            cache_size=self.cache_size, backend=self.backend,
         )
 
     @classmethod
@@ -215,7 +221,7 @@ class NormRankRanker:
             if self._encoder is None:
                 self._encoder = build_encoder(
                     self.model, pooling=self.pooling, sif_a=self.sif_a, batch_size=self.batch_size,
-                    device=self.device, max_seq_length=self.max_seq_length)
+                    device=self.device, max_seq_length=self.max_seq_length, backend=self.backend)
             encoder = self._encoder
         _ = encoder.model
 
