@@ -83,3 +83,16 @@ def test_scan_bound_tiny(tmp_path):
     rows = [ln for ln in md.splitlines() if "+ FAISS heap (top-10)" in ln]
     assert rows and all(ln.rstrip().endswith("| 8/8 |") for ln in rows)
     assert "`NormIndex.search`" in md and "All in cache" in md
+
+
+def test_onnx_encoder_tiny(data_dir, tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))  # the script points it at its own empty cache
+    onnx = _load("onnx_encoder")
+    assert onnx.main(["--texts", "16", "--reps", "1", "--collections", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "onnx.md").read_text()
+    for backend in ("torch", "onnx", "onnx-int8"):
+        assert f"| {backend} | " in md
+    res = json.loads((tmp_path / "onnx.json").read_text())
+    assert set(res["verdicts"]) == {"onnx", "onnx-int8"}
+    assert all(v["first_s"] > 0 and v["cached_s"] > 0 for v in res["setup_s"].values())
