@@ -253,10 +253,11 @@ def cmd_index(args: argparse.Namespace) -> int:
 
         ray_config = args.config
         chunk_flags = (args.chunk_size, args.chunk_overlap, args.no_chunking or None, args.chunk_rows or None)
-        if args.model or any(v is not None for v in chunk_flags):
+        if args.model or args.backend or any(v is not None for v in chunk_flags):
             ray_config = load_config(args.config).model_copy(deep=True)
             if args.model:
                 ray_config.encoder.model = _model_arg(args.model)
+            _set_backend(ray_config, args.backend)
             c = ray_config.chunking
             c.size = args.chunk_size if args.chunk_size is not None else c.size
             c.overlap = args.chunk_overlap if args.chunk_overlap is not None else c.overlap
@@ -271,6 +272,11 @@ def cmd_index(args: argparse.Namespace) -> int:
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
     _check_out_folder(args.out)  # before reading or encoding anything
+    config = load_config(args.config)  # a bad setting is named before the corpus is read
+    config.store.path = None  # --out is where this index goes; never load another one into it
+    if args.model:
+        config.encoder.model = _model_arg(args.model)
+    _set_backend(config, args.backend)
     ids, texts, metas, skipped = read_source(args.source)
     if skipped:
         print(f"note: skipped {len(skipped)} empty document(s), e.g. {skipped[:3]}", file=sys.stderr)
@@ -278,10 +284,6 @@ def cmd_index(args: argparse.Namespace) -> int:
         from normrank.errors import EmptyCorpusError
 
         raise EmptyCorpusError(f"{args.source} holds no document with text")
-    config = load_config(args.config)
-    config.store.path = None  # --out is where this index goes; never load another one into it
-    if args.model:
-        config.encoder.model = _model_arg(args.model)
     index = build_index(config)
     ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
@@ -463,6 +465,21 @@ def _resolve_collection(name: str, data: str | None) -> str:
     return name
 
 
+def _set_backend(config: Any, backend: str | None) -> None:
+    """``--backend`` over the config's ``encoder.backend``, refused by name where the config's device is a GPU."""
+    if backend is None:
+        return
+    from pydantic import ValidationError
+
+    from normrank.errors import ConfigError
+
+    try:
+        config.encoder.backend = backend
+    except ValidationError as exc:
+        msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise ConfigError(f"--backend {backend}: {msg}") from None
+
+
 def _model_arg(model: str) -> str:
     """An existing --model folder as an absolute path (saved indexes record it); anything else as given."""
     return str(Path(model).expanduser().resolve()) if Path(model).expanduser().exists() else model
@@ -484,13 +501,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
                       modes=f.modes)
     models = [_model_arg(m) for m in args.model] if args.model else [config.encoder.model if config else None]
+    if config is not None:
+        _set_backend(config, args.backend)
     encoders = []
     for m in models:  # --model replaces the config's model; the config's other encoder settings stay
         if config is not None:
             config.encoder.model = m
             encoders.append(build_encoder(config))
         else:
-            encoders.append(RawEncoder(m))
+            encoders.append(RawEncoder(m, backend=args.backend or "torch"))
     opts = dict(split=args.split, train_split=args.train_split, folds=args.folds, seed=args.seed,
                 fit_kwargs=kwargs, show_progress=not args.no_progress)
     path = _resolve_collection(args.beir_dir, args.data)
@@ -560,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="normrank.yaml (encoder, store and scoring settings)")
     p.add_argument("--model", metavar="PATH", help="local sentence-transformers folder to encode with "
                    "(overrides the config's encoder.model; default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"),
+                   help="encoder backend (overrides the config's encoder.backend): onnx = torch's vectors on ONNX "
+                   "Runtime, onnx-int8 = about 2.3x faster, norms move up to ~8%%; needs normrank[onnx]")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument("--ray", action="store_true", help="encode on Ray Data with a pool of encoder actors "
                    "(pip install 'normrank[ray]'; RAY_ADDRESS joins a cluster)")
@@ -619,6 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", metavar="PATH",
                    help="a local sentence-transformers folder to evaluate (repeatable: several models give one "
                    "side-by-side report; default: the config's model, else the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"),
+                   help="encoder backend (overrides the config's encoder.backend): onnx = torch's vectors on ONNX "
+                   "Runtime, onnx-int8 = about 2.3x faster, norms move up to ~8%%; needs normrank[onnx]")
     p.add_argument("--plot", metavar="PNG", help="also write a bar chart of nDCG@10 per model and run here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")

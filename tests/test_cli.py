@@ -265,3 +265,23 @@ def test_eval_finds_a_collection_by_name_under_data(tmp_path, capsys):
     assert out["runs"]["cosine"]["ndcg@10"] > 0.9
     assert _main(["eval", "no-such-collection", "--data", str(root), "--no-progress"]) == 1
     assert "no-such-collection" in capsys.readouterr().err
+
+
+def test_index_with_an_onnx_backend_and_search_reopens_with_it(corpus_file, tmp_path, capsys, monkeypatch):
+    """``--backend`` picks the encoder backend; the saved index records it, so ``search`` encodes the
+    query with it too; a GPU device in the config is refused by name, in one line."""
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "idx-int8"
+    assert main(["index", str(corpus_file), "--out", str(out), "--backend", "onnx-int8", "--no-progress"]) == 0
+    assert NormIndex.load(out).encoder.backend == "onnx-int8"
+    capsys.readouterr()
+    assert main(["search", str(out), "What does mitochondrial DNA encode?", "-k", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "mito"
+    cfg = tmp_path / "gpu.yaml"
+    cfg.write_text("encoder:\n  device: cuda\n")
+    assert main(["index", str(corpus_file), "--out", str(tmp_path / "x"), "--config", str(cfg),
+                 "--backend", "onnx", "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "CPU" in err and "--backend onnx" in err and len(err.splitlines()) == 1
+    assert main(["index", str(corpus_file), "--out", str(tmp_path / "y"), "--backend", "tpu"]) == 2
