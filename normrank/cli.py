@@ -291,8 +291,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     if config.store.backend == "faiss":  # a pgvector index lives in its table
         index.save(args.out)
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
-    print(f"indexed {len(index)} documents into {args.out} (model {index.encoder.model_name}, "
-          f"raw norms {norms.min():.3f}..{norms.max():.3f})")
+    backend = getattr(index.encoder, "backend", "torch")
+    print(f"indexed {len(index)} documents into {args.out} (model {index.encoder.model_name}"
+          f"{'' if backend == 'torch' else f', backend {backend}'}, raw norms {norms.min():.3f}..{norms.max():.3f})")
     return 0
 
 

@@ -275,7 +275,7 @@ def test_index_with_an_onnx_backend_and_search_reopens_with_it(corpus_file, tmp_
     out = tmp_path / "idx-int8"
     assert main(["index", str(corpus_file), "--out", str(out), "--backend", "onnx-int8", "--no-progress"]) == 0
     assert NormIndex.load(out).encoder.backend == "onnx-int8"
-    capsys.readouterr()
+    assert ", backend onnx-int8, raw norms" in capsys.readouterr().out
     assert main(["search", str(out), "What does mitochondrial DNA encode?", "-k", "2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["hits"][0]["id"] == "mito"
     cfg = tmp_path / "gpu.yaml"
