@@ -194,3 +194,18 @@ def test_in_memory_models_get_fingerprints_of_their_weights(tiny_models):
     b = RawEncoder.from_sentence_transformer(SentenceTransformer(str(tiny_models["bert768-cls"]), device="cpu"))
     c = RawEncoder.from_sentence_transformer(SentenceTransformer(str(tiny_models["bert1024-max"]), device="cpu"))
     assert a.fingerprint == b.fingerprint != c.fingerprint  # once all "in-memory": one cache entry for all
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_onnx_backend_gives_each_models_torch_vectors(tiny_models, name, tmp_path, monkeypatch):
+    """The fp32 ONNX export on other architectures (DistilBERT has no token_type_ids), widths and
+    poolings (CLS, max, mean): torch's vectors and token counts."""
+    pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path))
+    folder = str(tiny_models[name])
+    ref, ref_counts = RawEncoder(folder, show_progress=False).encode_with_counts(TEXTS)
+    got, counts = RawEncoder(folder, backend="onnx", batch_size=2, show_progress=False).encode_with_counts(TEXTS)
+    np.testing.assert_array_equal(counts, ref_counts)
+    np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-4)
+    int8 = RawEncoder(folder, backend="onnx-int8", show_progress=False).encode(TEXTS)
+    assert int8.shape == ref.shape and np.all(np.isfinite(int8))
