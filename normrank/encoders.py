@@ -460,7 +460,7 @@ class RawEncoder:
 
 
 def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | None = None,
-                  what: str = "the index") -> RawEncoder:
+                          what: str = "the index") -> RawEncoder:
     """The encoder a saved ``describe()`` names: model, batch size, device, window, backend and, for a
     :class:`~normrank.pooling.PooledEncoder`, its pooling. A model folder that is not here falls back to
     the bundled model with a warning (an index moved to another machine still opens)."""
