@@ -197,3 +197,21 @@ def test_missing_runtime_is_named(monkeypatch, cached):
     enc = RawEncoder(backend="onnx")  # construction stays free: the model loads on first use
     with pytest.raises(ModelLoadError, match=r"normrank\[onnx\]"):
         enc.encode(["x"])
+
+
+def test_cpus_without_vnni_get_reduced_range_weights(encoder, tmp_path, monkeypatch):
+    """Without VNNI the int8 weights use 7 bits (no 16-bit saturation); that model loads past its check,
+    stays close to torch, and is cached under another name than the 8-bit one."""
+    from normrank import onnx_backend
+
+    assert onnx_backend.reduce_range("flags : fpu sse2 avx2 fma") is True
+    assert onnx_backend.reduce_range("flags : fpu avx2 avx512f avx512_vnni") is False
+    assert onnx_backend.reduce_range("flags : fpu avx2 avx_vnni") is False
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path))
+    eight = RawEncoder(backend="onnx-int8", show_progress=False).encode(TEXTS)
+    monkeypatch.setattr(onnx_backend, "reduce_range", lambda cpuinfo=None: True)
+    seven = RawEncoder(backend="onnx-int8", show_progress=False).encode(TEXTS)
+    assert len(list(tmp_path.glob("onnx/*/model-int8-*.onnx"))) == 2
+    cos, rel = _cos_and_norm_change(encoder.encode(TEXTS), seven)
+    assert cos > 0.95 and rel < 0.25
+    assert not np.array_equal(seven, eight)
