@@ -155,7 +155,7 @@ class RawEncoder:
         ``"torch"`` (default), or ``"onnx"`` / ``"onnx-int8"`` to run the transformer on ONNX Runtime
         (CPU only; ``pip install 'normrank[onnx]'``). The model is exported once and cached under
         ``$NORMRANK_CACHE`` (default ``~/.cache/normrank``). ``"onnx"`` gives torch's vectors (to
-        ~1e-6) at 1.1x; ``"onnx-int8"`` encoded 2.3x as fast on a CPU with AVX-512 VNNI with cosine
+        ~1e-6), 2.3x as fast for one query per call and 1.1x on batches; ``"onnx-int8"`` encoded 2.3x as fast on a CPU with AVX-512 VNNI with cosine
         rankings about as good, but moves raw norms by up to ~8%, which the blend feels: encode a corpus
         and its queries with one backend (``benchmarks/results/onnx.md``).
 

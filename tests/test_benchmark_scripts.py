@@ -89,8 +89,9 @@ def test_onnx_encoder_tiny(data_dir, tmp_path, monkeypatch):
     pytest.importorskip("onnxruntime", reason="the ONNX backends need normrank[onnx]")
     monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))  # the script points it at its own empty cache
     onnx = _load("onnx_encoder")
-    assert onnx.main(["--texts", "16", "--reps", "1", "--collections", "--out", str(tmp_path)]) == 0
+    assert onnx.main(["--texts", "16", "--reps", "1", "--queries", "4", "--collections", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "onnx.md").read_text()
+    assert "## One query per call (4 Cranfield queries" in md
     for backend in ("torch", "onnx", "onnx-int8"):
         assert f"| {backend} | " in md
     res = json.loads((tmp_path / "onnx.json").read_text())
