@@ -27,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,10 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from speed import cpu_model, ratio_spread
+
 BACKENDS = ("torch", "onnx", "onnx-int8")
 BLEND_A = 0.02
 #: The collections issue 14's ship rule names; others are reported beside them.
@@ -59,25 +64,31 @@ def load_encoders(batch_size: int) -> tuple[dict[str, Any], dict[str, dict[str, 
     return encoders, setup
 
 
+def in_turns(encoders: dict[str, Any], reps: int) -> Iterator[tuple[str, Any]]:
+    """Every backend once per repetition, every other repetition in reverse order, so load changes hit
+    all of them alike (as ``speed.interleaved``, without its cache eviction: encoders are compute-bound)."""
+    order = list(encoders.items())
+    for r in range(reps):
+        yield from (order if r % 2 == 0 else order[::-1])
+
+
+def speedups(per_rep: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per backend, torch's time over its time: median, p25, p75 over the repetitions."""
+    return {k: dict(zip(("median", "p25", "p75"), ratio_spread(per_rep["torch"], v), strict=True))
+            for k, v in per_rep.items()}
+
+
 def throughput(encoders: dict[str, Any], texts: list[str], reps: int) -> dict[str, Any]:
     for enc in encoders.values():  # warm-up
         enc.encode(texts[:64])
     times: dict[str, list[float]] = {k: [] for k in encoders}
-    order = list(encoders.items())
-    for r in range(reps):
-        for k, enc in (order if r % 2 == 0 else order[::-1]):
-            t = time.perf_counter()
-            enc.encode(texts)
-            times[k].append(time.perf_counter() - t)
-    base = np.array(times["torch"])
-    out: dict[str, Any] = {"n_texts": len(texts), "reps": reps, "times_s": times,
-                           "texts_per_s": {k: len(texts) / float(np.median(v)) for k, v in times.items()},
-                           "speedup_vs_torch": {}}
-    for k, v in times.items():
-        r = base / np.array(v)
-        out["speedup_vs_torch"][k] = {"median": float(np.median(r)), "p25": float(np.percentile(r, 25)),
-                                      "p75": float(np.percentile(r, 75))}
-    return out
+    for k, enc in in_turns(encoders, reps):
+        t = time.perf_counter()
+        enc.encode(texts)
+        times[k].append(time.perf_counter() - t)
+    return {"n_texts": len(texts), "reps": reps, "times_s": times,
+            "texts_per_s": {k: len(texts) / float(np.median(v)) for k, v in times.items()},
+            "speedup_vs_torch": speedups(times)}
 
 
 def query_latency(encoders: dict[str, Any], queries: list[str], reps: int) -> dict[str, Any]:
@@ -86,22 +97,16 @@ def query_latency(encoders: dict[str, Any], queries: list[str], reps: int) -> di
     for enc in encoders.values():  # warm-up
         enc.encode_with_counts(queries[:4])
     per_rep: dict[str, list[float]] = {k: [] for k in encoders}
-    order = list(encoders.items())
-    for r in range(reps):
-        for k, enc in (order if r % 2 == 0 else order[::-1]):
-            times = []
-            for q in queries:
-                t = time.perf_counter()
-                enc.encode_with_counts([q])
-                times.append(time.perf_counter() - t)
-            per_rep[k].append(float(np.median(times)))
-    base = np.array(per_rep["torch"])
+    for k, enc in in_turns(encoders, reps):
+        times = []
+        for q in queries:
+            t = time.perf_counter()
+            enc.encode_with_counts([q])
+            times.append(time.perf_counter() - t)
+        per_rep[k].append(float(np.median(times)))
     return {"n_queries": len(queries), "reps": reps,
             "ms": {k: 1e3 * float(np.median(v)) for k, v in per_rep.items()},
-            "speedup_vs_torch": {k: {"median": float(np.median(base / np.array(v))),
-                                     "p25": float(np.percentile(base / np.array(v), 25)),
-                                     "p75": float(np.percentile(base / np.array(v), 75))}
-                                 for k, v in per_rep.items()}}
+            "speedup_vs_torch": speedups(per_rep)}
 
 
 def ranking(encoders: dict[str, Any], name: str) -> dict[str, Any]:
@@ -249,27 +254,24 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    sys.path.insert(0, str(HERE))
-    from speed import cpu_model
-
     from normrank.datasets import default_data_dir, load_beir
+    from normrank.onnx_backend import reduce_range
 
     with tempfile.TemporaryDirectory(prefix="normrank-onnx-cache-") as cache:
         os.environ["NORMRANK_CACHE"] = cache  # an empty cache: the first load pays the export
         encoders, setup = load_encoders(64)
-        _, texts, _ = load_beir(default_data_dir() / "cranfield").doc_items()
+        ds = load_beir(default_data_dir() / "cranfield")
+        _, texts, _ = ds.doc_items()
         print("[onnx] throughput ...", file=sys.stderr, flush=True)
         tp = throughput(encoders, texts[: args.texts], args.reps)
         print(f"[onnx] {tp['texts_per_s']}", file=sys.stderr, flush=True)
-        ds = load_beir(default_data_dir() / "cranfield")
         queries = [ds.queries[q] for q in sorted(ds.queries)][: args.queries]
         lat = query_latency(encoders, queries, args.reps)
         print(f"[onnx] one query: {lat['ms']}", file=sys.stderr, flush=True)
         rk = {name: ranking(encoders, name) for name in args.collections}
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     res = {"meta": {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                     "machine": f"{cpu_model()}, {os.cpu_count()} cores", "load": os.getloadavg()[0],
-                    "vnni": " avx512_vnni" in flags or " avx_vnni" in flags,
+                    "vnni": not reduce_range(),  # the CPU flags that decide the int8 weights' range
                     "st": sentence_transformers.__version__, "transformers": transformers.__version__,
                     "ort": onnxruntime.__version__, "torch": torch.__version__,
                     "torch_threads": torch.get_num_threads()},

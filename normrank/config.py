@@ -49,9 +49,11 @@ class EncoderConfig(_Section):
 
     @model_validator(mode="after")
     def _backend_runs_on_device(self) -> EncoderConfig:
-        """An ONNX backend with a GPU device would only fail when the model loads: refuse it here."""
-        if self.backend != "torch" and self.device != "cpu":
-            raise ValueError(f"backend {self.backend!r} runs on the CPU; got device {self.device!r} (use backend torch)")
+        """An ONNX backend with a GPU device would only fail when the model loads: refuse it here, by the
+        rule ``RawEncoder`` itself applies (InvalidArgumentError is a ValueError: pydantic names it)."""
+        from normrank.onnx_backend import check_backend
+
+        check_backend(self.backend, self.device)
         return self
 
     @classmethod

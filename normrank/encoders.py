@@ -349,17 +349,12 @@ class RawEncoder:
 
     def _encode_prepared(self, heads: list[str], show: bool) -> np.ndarray:
         """Raw vectors of texts already cut by :meth:`_prepare`, one lock hold per slice."""
-        model = self.model
+        model = self.model  # loads it (and, for an ONNX backend, its session)
         if self._onnx is not None:
             return self._encode_onnx(heads, show)
         step = self.batch_size * SLICE_BATCHES
         parts = []
-        bar = None
-        if show and len(heads) > step:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(heads), desc="Encoding", unit="text")
-        try:
+        with _progress_bar(show and len(heads) > step, len(heads)) as bar:
             for start in range(0, len(heads), step):
                 part = heads[start : start + step]
                 with self._lock:
@@ -368,44 +363,36 @@ class RawEncoder:
                 parts.append(np.asarray(vecs, dtype=np.float32))
                 if bar is not None:
                     bar.update(len(part))
-        finally:
-            if bar is not None:
-                bar.close()
         return np.ascontiguousarray(np.concatenate(parts) if len(parts) > 1 else parts[0], dtype=np.float32)
 
     def _encode_onnx(self, heads: list[str], show: bool) -> np.ndarray:
-        """What ``model.encode`` does (longest texts first, so batches pad little), with the transformer on
-        ONNX Runtime and the modules after it (pooling, ...) sentence-transformers' own."""
+        """What ``model.encode`` does, with the transformer on ONNX Runtime and the modules after it
+        (pooling, ...) sentence-transformers' own."""
         import torch
 
         from normrank.onnx_backend import sentence_vectors
 
-        model = self.model
         out = np.empty((len(heads), self.dim), dtype=np.float32)
-        order = np.argsort([-len(t) for t in heads], kind="stable")
-        starts = range(0, len(heads), self.batch_size)
-        bar = None
-        if show and len(heads) > self.batch_size:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=len(heads), desc="Encoding", unit="text")
-        try:
-            for start in starts:
-                idx = order[start : start + self.batch_size]
-                with self._lock, torch.inference_mode():  # the tokenizer is shared with other threads
-                    features = dict(self._preprocess([heads[i] for i in idx]))
-                    out[idx] = sentence_vectors(model, self._token_features(features))
+        with _progress_bar(show and len(heads) > self.batch_size, len(heads)) as bar:
+            for idx, features in self._forward_batches(heads):
+                with torch.inference_mode():
+                    out[idx] = sentence_vectors(self.model, features)
                 if bar is not None:
                     bar.update(len(idx))
-        finally:
-            if bar is not None:
-                bar.close()
         return out
 
-    def _preprocess(self, texts: list[str]) -> Any:
-        model = self.model
-        prep = getattr(model, "preprocess", None) or model.tokenize
-        return prep(texts)
+    def _forward_batches(self, texts: list[str]) -> Iterator[tuple[np.ndarray, dict[str, Any]]]:
+        """The transformer over ``texts`` batch by batch, longest texts first (so batches pad little, as
+        sentence-transformers does), one lock hold per batch: (positions in ``texts``, features with
+        ``token_embeddings``). The ONNX backends and :class:`~normrank.pooling.PooledEncoder` encode with it."""
+        import torch
+
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        for start in range(0, len(texts), self.batch_size):
+            idx = order[start : start + self.batch_size]
+            with self._lock, torch.inference_mode():  # the tokenizer and the model are shared with other threads
+                features = self._token_features(dict(preprocess(self.model, [texts[i] for i in idx])))
+            yield idx, features
 
     def _token_features(self, features: dict[str, Any]) -> dict[str, Any]:
         """``features`` with ``token_embeddings`` added by the transformer: torch's module, or the ONNX
@@ -457,6 +444,22 @@ class RawEncoder:
         extra = f", backend={self.backend!r}" if self.backend != "torch" else ""
         return (f"{type(self).__name__}(model={self.model_name!r}, batch_size={self.batch_size}, "
                 f"device={self.device!r}{extra})")
+
+
+def preprocess(model: Any, texts: list[str]) -> Any:
+    """A sentence-transformers model's tokenised features of ``texts`` (``preprocess`` from version 6,
+    ``tokenize`` before it)."""
+    prep = getattr(model, "preprocess", None) or model.tokenize
+    return prep(texts)
+
+
+def _progress_bar(show: bool, total: int) -> Any:
+    """A tqdm bar over ``total`` texts to use as a context manager, or one that gives ``None``."""
+    if not show:
+        return contextlib.nullcontext()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="Encoding", unit="text")
 
 
 def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | None = None,

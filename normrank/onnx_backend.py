@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from normrank.encoders import preprocess
 from normrank.errors import InvalidArgumentError, ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,16 @@ OPSET = 17
 #: not time (both 2.4-2.5x torch), and moved nDCG@10 further on Cranfield: -0.0056 against -0.0002.
 QUANT_OPS: tuple[str, ...] = ("MatMul",)
 QUANT_OPTIONS = {"WeightSymmetric": True, "ActivationSymmetric": False}
+#: Agreement with torch on the probe texts that a session must show before it is used: the fp32 graph
+#: computes the same function (measured 6e-7 relative), int8 rounds weights and activations (measured
+#: cosine >= 0.99 and norms within 8% on Cranfield abstracts); anything far outside is a broken file.
+_TOLERANCE = {"onnx": (0.9999, 1e-3), "onnx-int8": (0.95, 0.25)}  # (min cosine, max relative norm change)
+_PROBE = (
+    "a",
+    "the cat sat on the mat",
+    ("Retrieval systems rank documents by the similarity of their embeddings to the query, and the norm of "
+     "a raw embedding says how specific the text is."),
+)
 
 
 def reduce_range(cpuinfo: str | None = None) -> bool:
@@ -57,16 +68,6 @@ def reduce_range(cpuinfo: str | None = None) -> bool:
             cpuinfo = ""
     flags = set(cpuinfo.split())
     return not ({"avx512_vnni", "avx_vnni"} & flags)
-#: Agreement with torch on the probe texts that a session must show before it is used: the fp32 graph
-#: computes the same function (measured 6e-7 relative), int8 rounds weights and activations (measured
-#: cosine >= 0.99 and norms within 8% on Cranfield abstracts); anything far outside is a broken file.
-_TOLERANCE = {"onnx": (0.9999, 1e-3), "onnx-int8": (0.95, 0.25)}  # (min cosine, max relative norm change)
-_PROBE = (
-    "a",
-    "the cat sat on the mat",
-    ("Retrieval systems rank documents by the similarity of their embeddings to the query, and the norm of "
-     "a raw embedding says how specific the text is."),
-)
 
 
 def check_backend(backend: Any, device: str) -> str:
@@ -94,10 +95,9 @@ class OnnxTransformer:
     called from several threads at once.
     """
 
-    def __init__(self, session: Any, input_names: list[str], path: Path) -> None:
+    def __init__(self, session: Any, input_names: list[str]) -> None:
         self.session = session
         self.input_names = input_names
-        self.path = path
 
     def token_embeddings(self, features: Mapping[str, Any]) -> np.ndarray:
         feed = {k: np.ascontiguousarray(features[k].cpu().numpy(), dtype=np.int64) for k in self.input_names}
@@ -121,7 +121,7 @@ def load(model: Any, backend: str, weights_key: str, threads: int) -> OnnxTransf
             if attempt:
                 raise ModelLoadError(f"ONNX Runtime could not load {path}: {exc}") from exc
             continue
-        onnx_model = OnnxTransformer(session, names, path)
+        onnx_model = OnnxTransformer(session, names)
         problem = _disagreement(model, transformer, onnx_model, backend)
         if problem is None:
             return onnx_model
@@ -154,17 +154,12 @@ def _transformer_of(model: Any) -> tuple[Any, Any]:
 def _input_names(model: Any, hf: Any) -> list[str]:
     import inspect
 
-    features = _preprocess(model, ["a"])
+    features = preprocess(model, ["a"])
     accepted = set(inspect.signature(hf.forward).parameters)
     names = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in features and k in accepted]
     if "input_ids" not in names or "attention_mask" not in names:
         raise ModelLoadError(f"the ONNX backends need input_ids and attention_mask; the tokenizer gives {list(features)}")
     return names
-
-
-def _preprocess(model: Any, texts: list[str]) -> Mapping[str, Any]:
-    prep = getattr(model, "preprocess", None) or model.tokenize
-    return prep(texts)
 
 
 def _folder(weights_key: str) -> Path:
@@ -189,10 +184,11 @@ def _model_file(model: Any, hf: Any, names: list[str], backend: str, folder: Pat
         _export(model, hf, names, fp32)
     if backend == "onnx":
         return fp32
-    settings = repr((QUANT_OPS, sorted(QUANT_OPTIONS.items()), reduce_range()))
+    seven_bits = reduce_range()
+    settings = repr((QUANT_OPS, sorted(QUANT_OPTIONS.items()), seven_bits))
     int8 = folder / f"model-int8-{hashlib.sha256(settings.encode()).hexdigest()[:8]}.onnx"
     if fresh or not int8.is_file():
-        _quantize(fp32, int8)
+        _quantize(fp32, int8, seven_bits)
     return int8
 
 
@@ -210,7 +206,7 @@ def _export(model: Any, hf: Any, names: list[str], target: Path) -> None:
         def forward(self, *inputs: Any) -> Any:
             return self.inner(**dict(zip(names, inputs, strict=True)), return_dict=True).last_hidden_state
 
-    features = _preprocess(model, ["hello world", "a second, longer example sentence"])
+    features = preprocess(model, ["hello world", "a second, longer example sentence"])
     example = tuple(features[k].cpu() for k in names)
     axes = {k: {0: "batch", 1: "tokens"} for k in [*names, "token_embeddings"]}
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
@@ -241,9 +237,10 @@ def _export_params(torch: Any) -> set[str]:
     return set(inspect.signature(torch.onnx.export).parameters)
 
 
-def _quantize(src: Path, target: Path) -> None:
-    """Dynamic int8 with :data:`QUANT_OPS`, :data:`QUANT_OPTIONS` and :func:`reduce_range` (all named in
-    the file, so a change of settings, or a cache shared with another CPU, never reuses an old file)."""
+def _quantize(src: Path, target: Path, seven_bits: bool) -> None:
+    """Dynamic int8 with :data:`QUANT_OPS`, :data:`QUANT_OPTIONS` and 7-bit weights if ``seven_bits``
+    (:func:`reduce_range`; all named in the file, so a change of settings, or a cache shared with another
+    CPU, never reuses an old file)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
@@ -251,7 +248,7 @@ def _quantize(src: Path, target: Path) -> None:
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # the quantiser logs a pre-processing tip on the root logger
     try:
-        quantize_dynamic(str(src), str(tmp), per_channel=True, reduce_range=reduce_range(), weight_type=QuantType.QInt8,
+        quantize_dynamic(str(src), str(tmp), per_channel=True, reduce_range=seven_bits, weight_type=QuantType.QInt8,
                          op_types_to_quantize=list(QUANT_OPS), extra_options=dict(QUANT_OPTIONS))
         os.replace(tmp, target)
     except Exception as exc:
@@ -265,7 +262,7 @@ def _disagreement(model: Any, transformer: Any, onnx_model: OnnxTransformer, bac
     """``None`` if the session's sentence vectors on the probe texts (one padded batch) match torch's."""
     import torch
 
-    features = dict(_preprocess(model, list(_PROBE)))
+    features = dict(preprocess(model, list(_PROBE)))
     with torch.inference_mode():
         ref = sentence_vectors(model, dict(transformer(dict(features))))
         got = sentence_vectors(model, {**features, "token_embeddings": torch.from_numpy(

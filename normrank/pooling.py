@@ -149,24 +149,18 @@ class PooledEncoder(RawEncoder):
         return self._pool(heads, poolings, self._progress(len(items), show_progress))
 
     def _pool(self, items: list[str], poolings: Sequence[str], show: bool) -> dict[str, np.ndarray]:
-        import torch
-
         dim = self.dim
         out = {p: np.zeros((len(items), dim), dtype=np.float32) for p in poolings}
         weights = self.vocab_weights() if "sif" in poolings else None
-        # Sort by length so batches pad little, as sentence-transformers does.
-        order = np.argsort([-len(t) for t in items], kind="stable")
-        for n_batch, start in enumerate(range(0, len(items), self.batch_size)):
-            idx = order[start : start + self.batch_size]
-            with self._lock, torch.inference_mode():  # the tokenizer and the model are shared with other threads
-                features = dict(self._preprocess([items[i] for i in idx]))
-                result = self._token_features(features)  # torch's transformer, or the ONNX session
-                tokens = result["token_embeddings"].float().cpu().numpy()
-                mask = features["attention_mask"].cpu().numpy()
-                ids = features["input_ids"].cpu().numpy()
+        done = 0
+        for n_batch, (idx, features) in enumerate(self._forward_batches(items)):  # torch's or the ONNX session
+            tokens = features["token_embeddings"].float().cpu().numpy()
+            mask = features["attention_mask"].cpu().numpy()
+            ids = features["input_ids"].cpu().numpy()
             tw = weights[ids] if weights is not None else None
             for p in poolings:
                 out[p][idx] = pool(tokens, mask, p, tw)
+            done += len(idx)
             if show and n_batch % 20 == 0:
-                logger.info("pooled %d / %d texts", min(start + self.batch_size, len(items)), len(items))
+                logger.info("pooled %d / %d texts", done, len(items))
         return out
