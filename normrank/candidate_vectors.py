@@ -141,7 +141,8 @@ def check_encoder_options(options: Mapping[str, Any]) -> None:
 
 def build_encoder(model: str | None, *, pooling: str = "mean", sif_a: float = 1e-3,
                   **options: Any) -> RawEncoder:
-    """The encoder the settings describe: a ``RawEncoder``, or a ``PooledEncoder`` for another pooling."""
+    """The encoder the settings describe: a ``RawEncoder``, or a ``PooledEncoder`` for another pooling.
+    The one place that choice is made: configs, re-rankers and reopened indexes all build through it."""
     options.setdefault("show_progress", False)
     if pooling != "mean":
         from normrank.pooling import PooledEncoder

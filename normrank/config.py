@@ -358,16 +358,11 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
 
 
 def build_encoder(config: NormRankConfig) -> Any:
-    from normrank.encoders import RawEncoder
+    from normrank.candidate_vectors import build_encoder as from_options
 
     e = config.encoder
-    options = {"batch_size": e.batch_size, "device": e.device, "max_seq_length": e.max_seq_length,
-               "show_progress": e.show_progress, "backend": e.backend}
-    if e.pooling != "mean":
-        from normrank.pooling import PooledEncoder
-
-        return PooledEncoder(e.model, pooling=e.pooling, sif_a=e.sif_a, **options)
-    return RawEncoder(e.model, **options)
+    return from_options(e.model, pooling=e.pooling, sif_a=e.sif_a, batch_size=e.batch_size, device=e.device,
+                        max_seq_length=e.max_seq_length, show_progress=e.show_progress, backend=e.backend)
 
 
 def build_weights(config: NormRankConfig) -> Any:

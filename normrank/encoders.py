@@ -471,15 +471,12 @@ def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | 
     if model is not None and not Path(str(model)).exists():
         logger.warning("the model %r %s was encoded with is not here; using the bundled model", model, what)
         model = None
-    options: dict[str, Any] = {"batch_size": settings.get("batch_size", 64), "device": settings.get("device", "cpu"),
-                               "max_seq_length": settings.get("max_seq_length"),
-                               "backend": settings.get("backend", "torch"), "show_progress": show_progress}
-    pooling = settings.get("pooling", "mean")
-    if pooling != "mean":
-        from normrank.pooling import PooledEncoder
+    from normrank.candidate_vectors import build_encoder
 
-        return PooledEncoder(model, pooling=pooling, sif_a=settings.get("sif_a", 1e-3), **options)
-    return RawEncoder(model, **options)
+    return build_encoder(model, pooling=settings.get("pooling", "mean"), sif_a=settings.get("sif_a", 1e-3),
+                         batch_size=settings.get("batch_size", 64), device=settings.get("device", "cpu"),
+                         max_seq_length=settings.get("max_seq_length"), backend=settings.get("backend", "torch"),
+                         show_progress=show_progress)
 
 
 def truncation_summary(token_counts: Sequence[int] | np.ndarray, max_tokens: int) -> dict[str, Any]:
