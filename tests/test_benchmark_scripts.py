@@ -97,3 +97,21 @@ def test_onnx_encoder_tiny(data_dir, tmp_path, monkeypatch):
     res = json.loads((tmp_path / "onnx.json").read_text())
     assert set(res["verdicts"]) == {"onnx", "onnx-int8"}
     assert all(v["first_s"] > 0 and v["cached_s"] > 0 for v in res["setup_s"].values())
+
+
+def test_anchors_tiny(tmp_path, encoder, monkeypatch):
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))  # an ONNX export of its own, if any
+    anchors = _load("anchors")
+    assert anchors.main(["--sizes", "300", "--reps", "1", "--encode-reps", "2", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "anchors.md").read_text()
+    assert "## Store only" in md and "## End to end (query encode + store)" in md
+    assert "| 300 | " in md
+    res = json.loads((tmp_path / "anchors.json").read_text())
+    enc = res["encode"]["median_ms"]
+    assert enc["normrank RawEncoder.encode_with_counts"] > 0
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        assert anchors.ONNX_ENCODE not in enc and "ONNX query" not in md
+    else:  # the query encoded on ONNX Runtime, end to end beside torch's
+        assert enc[anchors.ONNX_ENCODE] > 0 and "| docs | langchain_normrank, ONNX query |" in md
