@@ -141,6 +141,7 @@ def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = T
             if depth > max_depth:
                 raise InvalidMetadataError(f"{what} is nested more than {max_depth} levels deep; flatten it")
             if isinstance(value, Mapping):
+                _check_keys_distinct_as_json(value, path)
                 for key, item in value.items():
                     if isinstance(key, str):
                         check_text(key, f"{path} key {key[:40]!r}", allow_nul=allow_nul)
@@ -165,6 +166,21 @@ def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = T
         raise InvalidMetadataError(f"{what} is larger than {max_bytes:,} bytes as JSON; store big payloads "
                                    "elsewhere and keep a reference in the metadata")
     return json.loads(text)
+
+
+def _check_keys_distinct_as_json(mapping: Mapping[Any, Any], path: str) -> None:
+    """JSON keys are strings, so ``{1: "a", "1": "b"}`` would keep one value and drop the other in silence."""
+    if all(isinstance(k, str) for k in mapping):
+        return
+    seen: dict[str, Any] = {}
+    for key in mapping:
+        as_json = key if isinstance(key, str) else json.dumps(key) if key is None or isinstance(key, (bool, int, float)) else None
+        if as_json is None:
+            continue  # not a key JSON can hold: the walk names it
+        if as_json in seen:
+            raise InvalidMetadataError(f"{path} has the keys {seen[as_json]!r} and {key!r}, which are the same key "
+                                       f"{as_json!r} in JSON: one value would be lost")
+        seen[as_json] = key
 
 
 # ---------------------------------------------------------------------------------------------

@@ -753,7 +753,7 @@ def _one_line(exc: BaseException) -> str:
         text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     else:
         text = str(exc) or type(exc).__name__
-        if not isinstance(exc, (NormRankError, ImportError)):
+        if not isinstance(exc, (NormRankError, ImportError, FileNotFoundError)):  # a mistyped path is expected
             text = f"{type(exc).__name__}: {text} (unexpected; rerun with -v for the traceback)"
     text = " ".join(text.split())
     if len(text) > MAX_ERROR_CHARS:

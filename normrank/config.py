@@ -10,18 +10,40 @@ from __future__ import annotations
 import os
 import re
 import reprlib
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from normrank.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan: a NaN or infinite weight loaded fine and failed at the first query, naming no key
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML reads yes/no/on/off/true/false as booleans, and pydantic turned them into 1 and 0 for a
+        number (``batch_size: yes`` became 1); the Python API refuses a bool there, and so does this."""
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if field is not None and not _allows_bool(field.annotation):
+                raise ValueError(f"expected a number, got the boolean {str(value).lower()} (YAML reads yes, no, on, "
+                                 "off, true and false as booleans)")
+        return value
 
     @field_validator("*", mode="after")
     @classmethod
@@ -123,8 +145,9 @@ class FitConfig(_Section):
     alpha: float = Field(0.05, gt=0, lt=1)
     min_gain: float = Field(0.0, ge=0)
     depth: int = Field(100, gt=0)
-    features: list[Literal["calibrated", "raw"]] = Field(default_factory=lambda: ["calibrated", "raw"])
-    modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"])
+    features: list[Literal["calibrated", "raw"]] = Field(default_factory=lambda: ["calibrated", "raw"], min_length=1)
+    modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"],
+                                                                         min_length=1)
 
 
 class ChunkingConfig(_Section):
@@ -134,6 +157,13 @@ class ChunkingConfig(_Section):
     overlap: int | None = Field(None, ge=0, description="Tokens shared by consecutive chunks; null = 15% of size.")
     rows: bool = Field(False, description="Also chunk rows of a BEIR folder or .jsonl file (their ids become "
                        "id#n, which qrels do not name); folders of .txt/.md files are always chunked when enabled.")
+
+    @model_validator(mode="after")
+    def _overlap_below_size(self) -> ChunkingConfig:
+        """The rule chunk_texts applies, named here instead of at the first document indexed."""
+        if self.size is not None and self.overlap is not None and self.overlap >= self.size:
+            raise ValueError(f"overlap ({self.overlap}) must be smaller than size ({self.size})")
+        return self
 
 
 Calibration = Literal["auto", "index", "candidates"]
@@ -146,7 +176,18 @@ _CALIBRATION_HELP = (
 
 class LangChainConfig(_Section):
     k: int = Field(4, gt=0, description="Documents returned per query (invoke(q, k=...) overrides it).")
-    filter: dict[str, Any] | None = Field(None, description="Metadata filter: key -> value or list of values.")
+    filter: dict[str, Any] | None = Field(None, description="Metadata filter: key -> value or list of values, "
+                                          "or operators ($eq, $ne, $gt, $gte, $lt, $lte, $in, $nin, $exists, "
+                                          "$and, $or, $not).")
+
+    @field_validator("filter")
+    @classmethod
+    def _filter_means_something(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """An unknown operator or a NaN would otherwise only fail (or match nothing) at the first query."""
+        from normrank.filters import check_filter
+
+        check_filter(value)  # InvalidArgumentError is a ValueError: pydantic names it
+        return value
 
 
 class LlamaIndexConfig(_Section):
@@ -221,6 +262,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= MAX_ECHO else text[:MAX_ECHO - 3] + "..."
 
 
+def _allows_bool(annotation: Any) -> bool:
+    """Whether a field's type takes a boolean (``bool``, ``bool | None``, ``Any``, a dict of anything)."""
+    if annotation is bool or annotation is Any:
+        return True
+    origin = typing.get_origin(annotation)
+    if origin is dict or origin is list:
+        return False  # a bool for a whole dict or list is refused by pydantic itself
+    return any(_allows_bool(a) for a in typing.get_args(annotation) if a is not type(None))
+
+
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without anchors and aliases: a settings file never needs them, and an
     alias bomb (a few hundred bytes expanding to billions of nodes) would hang the loader."""
@@ -231,6 +282,22 @@ class _StrictLoader(yaml.SafeLoader):
             raise ConfigError(f"line {event.start_mark.line + 1}: YAML anchors and aliases (&name, *name) are not "
                               "allowed in a normrank configuration; write the value out")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:  # type: ignore[override]
+        """Refuse a key given twice in one mapping: YAML keeps the last one, so a whole section (or a
+        setting) written earlier in the file did nothing, in silence."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+                if key is None:
+                    continue
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise ConfigError(f"line {line}: the key {_short(key)} is given twice in one section (first on "
+                                      f"line {seen[key]}); YAML would keep only the last, so write it once")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _VAR = re.compile(r"\$\$\{|\$\{([^}]*)\}")

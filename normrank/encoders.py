@@ -252,6 +252,7 @@ class RawEncoder:
             raise ModelLoadError(f"model {self.model_name!r} has no tokenizer; token counts need one")
         _check_tokenizer(model, self.model_name)
         if self.max_seq_length is not None:
+            _check_window(model, self.model_name, self.max_seq_length)
             model.max_seq_length = self.max_seq_length
         _check_norms_vary(model, self.model_name)
         if self.backend != "torch":
@@ -569,6 +570,22 @@ def _strip_normalize(model: Any) -> Any:
     raw = SentenceTransformer(modules=modules, device=str(model.device))
     raw.max_seq_length = model.max_seq_length
     return raw
+
+
+def _check_window(model: Any, name: str, max_seq_length: int) -> None:
+    """Refuse a ``max_seq_length`` beyond the model's position embeddings: accepted, it failed at the
+    first long text with torch's "The size of tensor a (2802) must match the size of tensor b (512)"."""
+    config = getattr(getattr(model[0], "auto_model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or positions <= 0:
+        return  # a model that does not say: nothing to check against
+    # RoBERTa-style models number positions from padding_idx + 1, so two of them hold no token
+    usable = positions - (getattr(config, "pad_token_id", 0) or 0) - 1 if getattr(
+        config, "model_type", "") in ("roberta", "xlm-roberta", "camembert", "mpnet") else positions
+    if max_seq_length > usable:
+        raise ModelLoadError(f"max_seq_length {max_seq_length} is more than model {name!r} can take: it has "
+                             f"{usable} token positions; set max_seq_length to at most {usable} (or leave it unset "
+                             "for the model's own window)")
 
 
 def _check_tokenizer(model: Any, name: str) -> None:

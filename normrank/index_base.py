@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -35,11 +35,12 @@ from normrank.errors import (
     InvalidIdError,
     UnitNormError,
 )
+from normrank.filters import MetadataFilter, match  # noqa: F401  (MetadataFilter re-exported: where it always was)
 from normrank.scoring import Hit, Weights
 
 logger = logging.getLogger(__name__)
 
-MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
+_match = match  # the name the backends imported before normrank.filters
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,15 @@ class Record:
     token_count: int
 
 
-def _check_ids(ids: Sequence[Any], *, allow_nul: bool = True) -> list[str]:
-    """Non-empty strings that can be stored as UTF-8 (and, for pgvector, hold no NUL)."""
+def _check_ids(ids: Any, *, allow_nul: bool = True) -> list[str]:
+    """Non-empty strings that can be stored as UTF-8 (and, for pgvector, hold no NUL), given as a list.
+
+    A single string is refused, not iterated: ``delete("12")`` deleted the documents "1" and "2".
+    """
+    if isinstance(ids, (str, bytes)):
+        raise InvalidArgumentError(f"expected a list of ids, got the single string {ids[:40]!r}; wrap it: [id]")
+    if isinstance(ids, Mapping) or not isinstance(ids, Iterable):
+        raise InvalidArgumentError(f"expected a list of ids, got {type(ids).__name__}")
     out = list(ids)
     for i, x in enumerate(out):
         if not isinstance(x, str) or not x:
@@ -70,17 +78,15 @@ def _check_k(k: Any) -> int:
     return check_option("k", k)
 
 
-def _match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
-    if callable(flt):
-        return bool(flt(metadata))
-    for key, want in flt.items():
-        have = metadata.get(key)
-        if isinstance(want, (list, tuple, set, frozenset)):
-            if have not in want:
-                return False
-        elif have != want:
-            return False
-    return True
+#: Below this many documents behind the document calibration, every add refits it: a fit on a handful
+#: of norms is noise (a store filled one node at a time kept a one-document fit, and its blend went
+#: flat), and refitting that few costs nothing. From there on it is refitted each time the corpus doubles.
+SMALL_CALIBRATION = 40
+
+
+def needs_recalibration(auto: bool, count: int, n_fitted: int) -> bool:
+    """Whether an add should refit an automatic document calibration (:data:`SMALL_CALIBRATION`)."""
+    return auto and count > n_fitted and (n_fitted < SMALL_CALIBRATION or count >= 2 * n_fitted)
 
 
 @runtime_checkable
@@ -93,6 +99,47 @@ class SearchableIndex(Protocol):
 
     def add_texts(self, texts: Sequence[str], ids: Sequence[str] | None = None,
                   metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
+
+
+def search_up_to(index: SearchableIndex, query: Any, k: int, on_empty: Callable[[], list[Hit]], *,
+                 filter: Any = None, query_token_count: int | None = None) -> list[Hit]:
+    """The blended top-``k`` of ``index``, ``k`` clamped to the documents it holds when it searches.
+
+    Why: the framework adapters promise "asking for more than the index holds returns all of them",
+    but counting and searching are two calls, and a delete from another thread or process between them
+    made the search refuse a ``k`` larger than the index (53 of 66 retrievals while a thread deleted).
+    Counted again and searched again while the index keeps shrinking; ``on_empty()`` answers for an
+    empty index (``[]``, or the adapter's error).
+    """
+    kwargs: dict[str, Any] = {"filter": filter}
+    encoder = getattr(index, "encoder", None)
+    if isinstance(query, str) and encoder is not None and isinstance(index, BlendIndexBase):
+        # Encoded once, not on every try: a retry that encodes again (~15 ms) lost every race against a
+        # thread deleting every 10 ms. The same vector and count the index's search(text) computes.
+        check_text(query, "the query")
+        vecs, counts = encoder.encode_with_counts([query])
+        query, query_token_count = np.asarray(vecs[0], dtype=np.float32), int(counts[0])
+    if query_token_count is not None:  # the protocol's search need not take it
+        kwargs["query_token_count"] = query_token_count
+    for _ in range(_SHRINK_RETRIES):
+        n = len(index)
+        if n == 0:
+            return on_empty()
+        kk = min(k, n)
+        try:
+            return index.search(query, kk, **kwargs)
+        except EmptyCorpusError:
+            continue  # emptied meanwhile
+        except InvalidArgumentError:
+            if len(index) < kk:
+                continue  # shrunk meanwhile
+            raise
+    n = len(index)
+    return on_empty() if n == 0 else index.search(query, min(k, n), **kwargs)
+
+
+#: How many times :func:`search_up_to` counts again after the index shrank under it.
+_SHRINK_RETRIES = 8
 
 
 class BlendIndexBase:
@@ -150,7 +197,14 @@ class BlendIndexBase:
         n = mat.shape[0]
         # Rounded to float32, the precision a saved index keeps, so save/load changes no score.
         norms = np.linalg.norm(mat.astype(np.float64), axis=1).astype(np.float32).astype(np.float64)
-        check_norm_signal(norms) if empty else _check_unit(norms)
+        try:
+            check_norm_signal(norms) if empty else _check_unit(norms)
+        except UnitNormError:
+            # One text added several times has one norm without being normalised: like a single text,
+            # only unit length is refused (the calibration is refitted as documents come, SMALL_CALIBRATION).
+            if not (empty and n >= 2 and np.all(np.abs(norms - 1.0) >= UNIT_NORM_TOLERANCE)
+                    and np.array_equal(mat, np.broadcast_to(mat[0], mat.shape))):
+                raise
         counts = _as_counts(token_counts)
         if counts.size != n:
             raise InvalidArgumentError(f"{counts.size} token counts for {n} vectors")
@@ -267,14 +321,24 @@ class BlendIndexBase:
             )
         cal = self.query_calibrator
         if cal is None:
-            logger.warning("no query calibration: using the document calibration for query features")
+            if not getattr(self, "_warned_no_query_calibration", False):  # once per index, not per search
+                self._warned_no_query_calibration = True
+                logger.warning("no query calibration: using the document calibration for query features "
+                               "(fit() or calibrate_queries() sets one); logged once per index")
             cal = self.calibrator
         return w.query_weight(cal.transform(norms, counts, w.feature))
 
 
-def _given_count(count: int | None) -> int:
-    """A query's token count as given, -1 where it is unknown."""
-    return -1 if count is None else int(count)
+def _given_count(count: Any) -> int:
+    """A query's token count as given, -1 where it is unknown; anything but a positive whole number is
+    named (``int()`` turned "5" and 7.9 into counts, and 0 read as "no count given")."""
+    if count is None:
+        return -1
+    if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise InvalidArgumentError(f"a query token count must be a positive integer (or None), got {count!r}")
+    if count > MAX_TOKEN_COUNT:
+        raise InvalidArgumentError(f"a query token count of {count} is above {MAX_TOKEN_COUNT}")
+    return int(count)
 
 
 def _plain_vectors(queries: Sequence[Any], dim: int) -> bool:

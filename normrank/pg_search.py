@@ -22,7 +22,9 @@ import numpy as np
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
-from normrank.index_base import MetadataFilter, _check_k, _match
+from normrank.filters import MetadataFilter, check_filter
+from normrank.filters import match as _match
+from normrank.index_base import _check_k
 from normrank.pg_sql import TableNames, filter_sql
 from normrank.pg_state import COLUMN_SCALE, PG_HIGH, check_pg_option
 from normrank.scoring import Hit, Weights, blend, doc_column, query_column
@@ -73,21 +75,20 @@ class PgSearchMixin:
     ) -> list[list[Hit]]:
         """Blended top-``k`` for many queries, in one transaction (one snapshot of rows and state).
 
-        Dict filters run in SQL on the ``metadata`` jsonb column; with the HNSW index,
+        Plain dict filters (key -> value or list of values) run in SQL on the ``metadata`` jsonb column; with the HNSW index,
         ``hnsw.iterative_scan`` keeps walking until ``k`` rows match, and an exact scan
-        of the matches follows if the walk still came back short. A callable filter is
-        evaluated in Python over every row's metadata first (a full read: prefer dicts).
+        of the matches follows if the walk still came back short. A callable filter, and a dict with
+        operators (:mod:`normrank.filters`), is evaluated in Python over every row's metadata first (a
+        full read: prefer plain dicts).
         """
         if isinstance(queries, (str, np.ndarray)) and not (isinstance(queries, np.ndarray) and queries.ndim == 2):
             raise InvalidArgumentError("search_batch takes a list of queries; use search() for one")
         k = _check_k(k)
-        if filter is not None and not callable(filter) and not isinstance(filter, Mapping):
-            raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(filter).__name__}")
+        # named before any work; an operator filter comes back as a predicate (run in Python, below)
+        filter = check_filter(filter, allow_nul=False)
         queries = list(queries)
         if not queries:
             return []
-        if isinstance(filter, Mapping) and filter:
-            filter_sql(filter)  # a bad filter is named before any work
         encoded = self._encode_texts(queries)  # no state needed: outside the lock and the transaction
 
         def body(cur: Any) -> list[list[Hit]]:
@@ -211,6 +212,8 @@ class PgSearchMixin:
         """Cosine top-``depth`` per query with both norm features of documents and queries (for fitting)."""
         from normrank._validation import check_option
 
+        if isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim != 2):
+            raise InvalidArgumentError("cosine_candidates takes a list of queries, got a single one")
         depth = check_option("depth", depth)
         queries = list(queries)
         encoded = self._encode_texts(queries)

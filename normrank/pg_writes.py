@@ -24,7 +24,7 @@ from normrank.errors import (
     InvalidArgumentError,
     UnknownIdError,
 )
-from normrank.index_base import _check_ids
+from normrank.index_base import _check_ids, needs_recalibration
 from normrank.pg_sql import TableNames, create_tables_sql, hnsw_index_sql
 from normrank.pg_state import (
     COLUMN_SCALE,
@@ -131,7 +131,7 @@ class PgWriteMixin:
                                   Jsonb(metas[j])))
             self._count += n
             self._column_key = self._current_column_key()
-            if self._auto_calibrated and self._count >= 2 * max(self.calibrator.n_fitted, 1) and self._count >= 40:
+            if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted):
                 self._recalibrate(cur)
             elif first:
                 self._create_vector_index(cur)
@@ -179,7 +179,7 @@ class PgWriteMixin:
     # ------------------------------------------------------------ changing
     def delete(self, ids: Iterable[str]) -> int:
         """Delete documents by id; all ids must exist (nothing is deleted otherwise)."""
-        wanted = sorted(set(_check_ids(list(ids), allow_nul=False)))
+        wanted = sorted(set(_check_ids(ids, allow_nul=False)))
         if not wanted:
             return 0
 

@@ -473,7 +473,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     # ------------------------------------------------------------ reading documents
     def get(self, ids: Iterable[str]) -> list[Record]:
         """Records for ``ids`` in the given order."""
-        wanted = _check_ids(list(ids), allow_nul=False)
+        wanted = _check_ids(ids, allow_nul=False)
 
         def body(cur: Any) -> list[Record]:
             found: dict[str, Record] = {}
@@ -495,7 +495,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         what vector stores need for MMR. Equal to what was added up to float32 rounding. Raises
         ``UnknownIdError`` for a missing id.
         """
-        wanted = _check_ids(list(ids), allow_nul=False)
+        wanted = _check_ids(ids, allow_nul=False)
 
         def body(cur: Any) -> np.ndarray:
             found: dict[str, np.ndarray] = {}

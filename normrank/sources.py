@@ -6,7 +6,9 @@ so neither imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from normrank.errors import DatasetError
 
@@ -37,14 +39,14 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
     DatasetError
         The source does not exist, is of none of these kinds, or a row has no text field.
     """
-    from normrank.datasets import read_jsonl
+    from normrank.datasets import iter_jsonl
 
     path = Path(source)
     rows: list[tuple[str, str, dict]] = []
     if path.is_dir():
         corpus = next((path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).is_file()), None)
         if corpus is not None:
-            rows = _jsonl_rows(read_jsonl(corpus), corpus)
+            rows = _jsonl_rows(iter_jsonl(corpus), corpus)
         else:
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
             if not files:
@@ -53,7 +55,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
                 rel = f.relative_to(path).as_posix()
                 rows.append((rel, read_text_file(f).strip(), {"path": rel}))
     elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
-        rows = _jsonl_rows(read_jsonl(path), path)
+        rows = _jsonl_rows(iter_jsonl(path), path)
     elif path.exists():
         raise DatasetError(f"{path} is neither a folder nor a .jsonl/.jsonl.gz file")
     else:
@@ -80,12 +82,23 @@ def read_text_file(path: str | Path) -> str:
         raise DatasetError(f"{f} is a folder, not a text file") from exc
 
 
-def _jsonl_rows(rows: list[dict], path: Path) -> list[tuple[str, str, dict]]:
+def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, str, dict]]:
+    """(id, text, metadata) per row. The id is ``_id`` (else ``id``), named like ``load_beir`` names it
+    when it is null, empty, a list or a dict (``"_id": null`` became the id "None"); a row with
+    neither is numbered by its line. A repeated id names both lines."""
+    from normrank.datasets import _row_id
+
     out = []
-    for no, row in enumerate(rows, 1):
+    first: dict[str, int] = {}
+    for no, row in rows:
         if not isinstance(row, dict) or "text" not in row:
-            raise DatasetError(f"row {no} of {path} has no 'text' field (expected _id, title, text)")
-        did = str(row.get("_id", row.get("id", no)))
+            raise DatasetError(f"{path}:{no} has no 'text' field (expected _id, title, text)")
+        key = "_id" if "_id" in row else "id" if "id" in row else None
+        did = _row_id(row, path, no, key) if key is not None else str(no)
+        if did in first:
+            raise DatasetError(f"{path}:{no} repeats document id {did!r} (first on line {first[did]}); ids must be "
+                               "unique")
+        first[did] = no
         title = str(row.get("title") or "").strip()
         body = str(row.get("text") or "").strip()
         meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}

@@ -59,7 +59,9 @@ from normrank.errors import (
     InvalidArgumentError,
     PersistenceError,
 )
+from normrank.filters import check_filter
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
+    MAX_TOKEN_COUNT,
     BlendIndexBase,
     MetadataFilter,
     Record,
@@ -70,6 +72,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _check_k,
     _check_unit,
     _match,
+    needs_recalibration,
 )
 from normrank.persistence import (
     open_nofollow,
@@ -151,8 +154,9 @@ class NormIndex(BlendIndexBase):
         lines a 384-wide one does where a 392-wide one spans 25 or 26 (at 100k documents the walk ran
         at 1.03 of FAISS's cosine HNSW with 385 columns and 0.96 with 392).
     calibrator, query_calibrator:
-        Pre-fitted calibrations; by default the document one is fitted on the first documents
-        (and refitted as the corpus doubles) and the query one by :meth:`fit` or
+        Pre-fitted calibrations; by default the document one is fitted on the first documents,
+        refitted on every add until 40 documents inform it and then each time the corpus doubles
+        (:data:`~normrank.index_base.SMALL_CALIBRATION`); the query one by :meth:`fit` or
         :meth:`calibrate_queries`.
     """
 
@@ -295,7 +299,7 @@ class NormIndex(BlendIndexBase):
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
-            if self._auto_calibrated and len(self) >= 2 * max(self.calibrator.n_fitted, 1) and len(self) >= 40:
+            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted):
                 self.recalibrate()  # rebuilds the index, and asks for huge pages for the new one
             else:
                 _huge_pages_for(self._index)
@@ -341,7 +345,7 @@ class NormIndex(BlendIndexBase):
         past ``max(1000, n)``) and always before a save, so a deleted vector never reaches disk.
         """
         with self._lock:
-            internal = np.unique(self._docs.internal_ids(_check_ids(list(ids)), "unknown ids, nothing deleted"))
+            internal = np.unique(self._docs.internal_ids(_check_ids(ids), "unknown ids, nothing deleted"))
             if internal.size == 0:
                 return 0
             # Tombstones, compacted in batches: removing from FAISS rewrites the whole index (and the
@@ -384,7 +388,7 @@ class NormIndex(BlendIndexBase):
     def get(self, ids: Iterable[str]) -> list[Record]:
         """Records for ``ids`` in the given order."""
         with self._lock:
-            return [self._docs.record(i) for i in self._docs.internal_ids(_check_ids(list(ids))).tolist()]
+            return [self._docs.record(i) for i in self._docs.internal_ids(_check_ids(ids)).tolist()]
 
     def vectors(self, ids: Sequence[str]) -> np.ndarray:
         """The raw vectors of stored documents, in the given order: float32, shape ``(len(ids), dim)``.
@@ -394,7 +398,7 @@ class NormIndex(BlendIndexBase):
         Equal to what was added up to float32 rounding. Raises ``UnknownIdError`` for a missing id.
         """
         with self._lock:
-            internal = self._docs.internal_ids(_check_ids(list(ids)))
+            internal = self._docs.internal_ids(_check_ids(ids))
             if not internal.size:
                 return np.zeros((0, self._dim or 0), dtype=np.float32)
             unit = np.asarray(self._index.reconstruct_batch(internal), dtype=np.float32)[:, : self._dim]
@@ -474,8 +478,8 @@ class NormIndex(BlendIndexBase):
         query_token_count: int | None = None,
     ) -> list[Hit]:
         """The exact blended top-``k`` for one query (text, or a raw vector)."""
-        if filter is None and isinstance(query, np.ndarray) and (query_token_count is None
-                                                                 or type(query_token_count) is int):
+        if filter is None and isinstance(query, np.ndarray) and (query_token_count is None or (
+                type(query_token_count) is int and 0 < query_token_count <= MAX_TOKEN_COUNT)):
             hits = self._search_vector(query, k)
             if hits is not None:
                 return hits
@@ -491,6 +495,7 @@ class NormIndex(BlendIndexBase):
         query_token_counts: Sequence[int | None] | None = None,
     ) -> list[list[Hit]]:
         """Blended top-``k`` for many queries in one FAISS call."""
+        filter = check_filter(filter)
         front = self._batch_front(queries, k, "search_batch")
         if front is None:
             return []
@@ -513,6 +518,7 @@ class NormIndex(BlendIndexBase):
         same errors. For batch scoring and evaluation, where building 640 ``Hit`` objects was ~10% of a
         64-query batch over 10k documents (benchmarks/results/speed.md).
         """
+        filter = check_filter(filter)
         front = self._batch_front(queries, k, "search_arrays")
         if front is None:
             return HitArrays([], np.zeros((0, 0), dtype=np.float32), np.zeros((0, 0)))
@@ -630,10 +636,9 @@ class NormIndex(BlendIndexBase):
         return buf
 
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
+        """Internal ids passing a filter already checked by :func:`~normrank.filters.check_filter`."""
         if flt is None:
             return None
-        if not callable(flt) and not isinstance(flt, Mapping):
-            raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(flt).__name__}")
         meta = self._docs.metadata
         return np.array([i for i in self._docs.live().tolist() if _match(meta(i), flt)], dtype=np.int64)
 
@@ -808,6 +813,8 @@ class NormIndex(BlendIndexBase):
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:
         """Cosine top-``depth`` per query with both norm features of documents and queries."""
+        if isinstance(queries, str) or (isinstance(queries, np.ndarray) and queries.ndim != 2):
+            raise InvalidArgumentError("cosine_candidates takes a list of queries, got a single one")
         depth = check_option("depth", depth)
         with self._lock:
             depth = min(depth, len(self))

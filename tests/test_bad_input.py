@@ -26,6 +26,7 @@ from normrank import (
     EmptyTextError,
     InvalidArgumentError,
     InvalidIdError,
+    InvalidMetadataError,
     InvalidVectorError,
     ModelLoadError,
     NormIndex,
@@ -477,3 +478,72 @@ def test_k_as_a_numpy_integer_and_fit_folds_as_a_word(store):
     queries, qrels = {"q1": QUERY, "q2": "ocean tides"}, {"q1": {"doc1": 1}, "q2": {"doc2": 1}}
     refused(store, lambda: store.fit(queries, qrels, folds="five"), InvalidArgumentError,
             r"folds must be an integer in \[2, 1000\], got 'five' \(str\)")
+
+
+@pytest.mark.parametrize("count", ["5", 7.9, 0, -3, True, 2**40])
+@pytest.mark.parametrize("b", [0.0, 0.01])
+def test_a_query_token_count_must_be_a_positive_integer(store, probes, count, b):
+    """``int()`` used to turn "5" and 7.9 into counts, and 0 read as "no count given"; the lean
+    single-vector path (b = 0) checks it like the general one."""
+    store.set_weights(Weights(a=0.02, b=b))
+    before = store.search(probes[0][0], 3, query_token_count=int(probes[1][0]))
+    with pytest.raises(InvalidArgumentError, match="query token count"):
+        store.search(probes[0][0], 3, query_token_count=count)
+    with pytest.raises(InvalidArgumentError, match="query token count"):
+        store.search_batch([probes[0][0]], 3, query_token_counts=[count])
+    assert store.search(probes[0][0], 3, query_token_count=np.int64(probes[1][0])) == before
+
+
+@pytest.mark.parametrize("meta", [{1: "int", "1": "str"}, {None: 1, "null": 2}, {True: 1, "true": 2},
+                                  {"outer": {2.5: "a", "2.5": "b"}}])
+def test_metadata_keys_that_are_one_key_in_json_are_refused(store, demo_encoded, meta):
+    vecs, counts = demo_encoded
+    n = len(store)
+    with pytest.raises(InvalidMetadataError, match="same key"):
+        store.add_vectors(vecs[:1], counts[:1], ids=["clash"], metadatas=[meta])
+    assert len(store) == n and "clash" not in store
+    store.add_vectors(vecs[:1], counts[:1], ids=["fine"], metadatas=[{1: "a", 2: "b"}])  # distinct as JSON
+    assert store.get(["fine"])[0].metadata == {"1": "a", "2": "b"}
+
+
+def test_a_first_batch_of_one_text_repeated_is_accepted_but_unit_vectors_are_not(encoder, tmp_path):
+    """Equal norms because the text is the same are not normalised embeddings: accepted, like one text."""
+    index = NormIndex.from_texts(["hello world", "hello world"], ids=["a", "b"], encoder=encoder)
+    assert {h.id for h in index.search("hello", 2)} == {"a", "b"}
+    index.add_texts(["the sun is a star", "photosynthesis in plants"], ids=["c", "d"])
+    assert index.calibrator.n_fitted == 4  # refitted as documents come (fewer than 40)
+    index.save(tmp_path / "ix")
+    assert NormIndex.load(tmp_path / "ix").search("hello", 1)[0].id in {"a", "b"}
+    vec = encoder.encode(["hello world"])[0]
+    unit = vec / np.linalg.norm(vec)
+    with pytest.raises(UnitNormError):
+        NormIndex(dim=unit.size).add_vectors(np.stack([unit, unit]), [3, 3])
+
+
+def _single_string_ids_refused(index, vecs, counts) -> None:
+    before = sorted(index.ids())
+    for call in (lambda: index.delete("12"), lambda: index.get("12"), lambda: index.vectors("12"),
+                 lambda: index.add_vectors(vecs[:2], counts[:2], ids="bc"), lambda: index.delete(12)):
+        with pytest.raises(InvalidArgumentError, match="expected a list of ids"):
+            call()
+    assert sorted(index.ids()) == before  # "1" and "2" are still there (delete("12") used to remove them)
+    assert index.delete(["12"]) == 1 and "1" in index and "2" in index and "12" not in index
+
+
+def test_a_single_string_is_never_read_as_a_list_of_ids(demo_encoded):
+    vecs, counts = demo_encoded
+    index = NormIndex(dim=vecs.shape[1])
+    index.add_vectors(vecs[:3], counts[:3], ids=["1", "2", "12"])
+    _single_string_ids_refused(index, vecs, counts)
+
+
+def test_a_single_string_is_never_read_as_a_list_of_ids_on_pgvector(demo_encoded, pg_dsn, pg_table_factory):
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    vecs, counts = demo_encoded
+    index = PgVectorNormIndex(pg_dsn, pg_table_factory("ids"))
+    try:
+        index.add_vectors(vecs[:3], counts[:3], ids=["1", "2", "12"])
+        _single_string_ids_refused(index, vecs, counts)
+    finally:
+        index.close()

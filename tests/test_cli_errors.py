@@ -139,3 +139,63 @@ def test_an_os_error_on_an_output_file_is_one_line(tmp_path, capsys, encoder):
     assert main(["analyze", str(tmp_path / "idx"), "--plot", str(png)]) == 1
     line = _one_error_line(capsys, "analyze")
     assert "No such file or directory" in line and "plot.png" in line
+
+
+@pytest.mark.parametrize(("rows", "expected"), [
+    ([{"_id": None, "text": "a"}, {"_id": "d1", "text": "b"}], r"docs\.jsonl:1 has no usable '_id'"),
+    ([{"_id": "d1", "text": "a"}, {"_id": "", "text": "b"}], r"docs\.jsonl:2 has no usable '_id'"),
+    ([{"_id": "d1", "text": "a"}, {"_id": "d1", "text": "b"}], r"docs\.jsonl:2 repeats document id 'd1' \(first on line 1\)"),
+    ([{"id": ["x"], "text": "a"}], r"docs\.jsonl:1 has no usable 'id'"),
+])
+def test_index_names_the_line_of_a_bad_jsonl_id(tmp_path, capsys, rows, expected):
+    """``"_id": null`` became the document id "None"; every id problem names its file and line, as
+    ``load_beir`` does, and nothing is written."""
+    import re
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-progress"]) == 1
+    assert re.search(expected, _one_error_line(capsys, "index"))
+    assert not (tmp_path / "idx").exists()
+
+
+@pytest.mark.parametrize("command", [["search", "{idx}", "stars"], ["analyze", "{idx}"], ["recalibrate", "{idx}"]])
+def test_a_missing_index_folder_is_a_plain_one_line_error(tmp_path, capsys, command):
+    args = [a.replace("{idx}", str(tmp_path / "nosuch")) for a in command]
+    assert main(args) == 1
+    line = _one_error_line(capsys, command[0])
+    assert "no saved index at" in line and "unexpected" not in line
+
+
+@pytest.mark.parametrize(("yaml_text", "expected"), [
+    ("scoring:\n  a: 0.02\nscoring:\n  b: 0.1\n", "line 3: the key 'scoring' is given twice"),
+    ("scoring:\n  a: 0.02\n  a: 0.5\n", "line 3: the key 'a' is given twice"),
+    ("encoder:\n  batch_size: yes\n", "'encoder.batch_size': .*boolean true"),
+    ("scoring:\n  a: on\n", "'scoring.a': .*boolean true"),
+    ("scoring:\n  a: .nan\n", "'scoring.a': Input should be a finite number"),
+    ("fit:\n  features: []\n", "'fit.features': List should have at least 1 item"),
+    ("chunking:\n  size: 50\n  overlap: 80\n", r"overlap \(80\) must be smaller than size \(50\)"),
+])
+def test_a_yaml_setting_that_would_be_lost_or_fail_later_is_named_at_load(tmp_path, capsys, yaml_text, expected):
+    """Duplicate keys (YAML keeps the last), booleans for numbers (pydantic made them 1 and 0), NaN,
+    empty option lists and an overlap at least the chunk size: each was accepted and did nothing, or
+    failed at the first query without naming the key."""
+    import re
+
+    cfg = tmp_path / "normrank.yaml"
+    cfg.write_text(yaml_text, encoding="utf-8")
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--config", str(cfg), "--no-progress"]) == 1
+    assert re.search(expected, _one_error_line(capsys, "index"))
+    assert not (tmp_path / "idx").exists()
+
+
+def test_a_max_seq_length_the_model_cannot_take_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "normrank.yaml"
+    cfg.write_text("encoder:\n  max_seq_length: 5000\n", encoding="utf-8")
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t * 200}) + "\n" for i, t in enumerate(TEXTS)))
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--config", str(cfg), "--no-progress"]) == 1
+    line = _one_error_line(capsys, "index")
+    assert "max_seq_length 5000" in line and "512 token positions" in line and "unexpected" not in line

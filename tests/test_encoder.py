@@ -192,3 +192,11 @@ def test_a_lone_surrogate_is_a_named_error_not_a_tokenizer_type_error(encoder, d
     with pytest.raises(ValueError):  # callers catching the builtin keep working
         encoder.encode(["\udcff"])
     assert len(index.search("Westphalia", 3)) == 3
+
+
+def test_a_max_seq_length_beyond_the_models_positions_is_named_at_load():
+    """Accepted, it failed at the first long text inside torch ("size of tensor a (2802) must match ... (512)")."""
+    with pytest.raises(ModelLoadError, match="512 token positions"):
+        RawEncoder(max_seq_length=5000, show_progress=False).encode(["x"])
+    enc = RawEncoder(max_seq_length=512, show_progress=False)
+    assert enc.max_tokens == 512 and enc.token_counts(["word " * 600])[0] == 512

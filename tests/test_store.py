@@ -178,3 +178,30 @@ def test_from_texts_end_to_end_with_the_real_model(encoder):
     hits = index.search("how tall is Everest", 2)
     assert hits[0].id == "everest" and hits[0].text == texts[0]
     assert hits[0].norm > 1.5 and set(hits[0].explain()) == {"cosine", "norm", "norm_feature", "weight", "score"}
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_a_store_filled_one_document_at_a_time_ranks_like_one_filled_at_once(index_type):
+    """Below 40 documents every add refits the automatic calibration (a fit on the first document alone
+    flattened the blend); from 40 on it is refitted each time the corpus doubles."""
+    vecs, counts = synthetic(100, seed=4)
+    ids = [f"d{i}" for i in range(100)]
+    at_once = NormIndex(dim=32, weights=Weights(a=0.05), index_type=index_type)
+    at_once.add_vectors(vecs[:30], counts[:30], ids=ids[:30])
+    one_by_one = NormIndex(dim=32, weights=Weights(a=0.05), index_type=index_type)
+    fitted = []
+    for i in range(100):
+        one_by_one.add_vectors(vecs[i:i + 1], counts[i:i + 1], ids=ids[i:i + 1])
+        fitted.append(one_by_one.calibrator.n_fitted)
+        if i == 29:
+            assert one_by_one.calibrator.to_dict() == at_once.calibrator.to_dict()
+            for q in vecs[:5]:
+                a, b = at_once.search(q, 5), one_by_one.search(q, 5)
+                assert [h.id for h in a] == [h.id for h in b]
+                np.testing.assert_allclose([h.score for h in a], [h.score for h in b], atol=1e-6)
+    assert fitted[:40] == list(range(1, 41))  # every add while fewer than 40 inform the fit
+    assert fitted[40:] == [40] * 39 + [80] * 21  # then each time the corpus doubles
+    given = NormIndex(dim=32, weights=Weights(a=0.05), calibrator=at_once.calibrator)
+    for i in range(35):  # a calibration the caller gave is never refitted
+        given.add_vectors(vecs[i:i + 1], counts[i:i + 1], ids=ids[i:i + 1])
+    assert given.calibrator.n_fitted == 30

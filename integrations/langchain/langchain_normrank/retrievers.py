@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever, LangSmithRetrieverParams
@@ -34,6 +37,7 @@ from langchain_normrank._shared import (
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.errors import InvalidArgumentError
+from normrank.index_base import search_up_to
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
 
@@ -120,6 +124,9 @@ class NormRankRetriever(BaseRetriever):
             metadatas, embedding = None, metadatas
             if ids is not None and not isinstance(ids, str) and all(isinstance(m, Mapping) for m in ids):
                 metadatas, ids = ids, None  # from_texts(texts, embeddings, metadatas), the VectorStore order
+        if metadatas is not None and (isinstance(metadatas, (str, Mapping)) or not isinstance(metadatas, Iterable)):
+            raise InvalidArgumentError(f"from_texts: metadatas must be a list of dicts (one per text) or the "
+                                       f"embeddings, got {type(metadatas).__name__}")
         encoder = _encoder_from(embedding, encoder, "from_texts")
         metas = list(metadatas) if metadatas is not None else None
         if metas is not None:
@@ -193,11 +200,17 @@ class NormRankRetriever(BaseRetriever):
         k = check_k(self.k if k is None else k)
         return k, self.filter if filter is None else filter
 
-    def _checked_size(self, k: int) -> int:
-        n = len(self.index)
-        if n == 0 and not self.allow_empty:
+    def _empty(self) -> list[Hit]:
+        if not self.allow_empty:
             raise empty_error("retriever" + self._empty_hint)
-        return min(k, n)
+        return []
+
+    def _hits(self, query: Any, k: int, flt: Any) -> list[Hit]:
+        """The blended top-``k``, ``k`` clamped to the index's size at the moment it searches (a delete
+        from another thread in between no longer makes the search refuse ``k``)."""
+        if not isinstance(query, str):
+            raise InvalidArgumentError(f"the query must be a string, got {type(query).__name__}")
+        return search_up_to(self.index, query, k, self._empty, filter=flt)
 
     def _get_relevant_documents(
         self,
@@ -211,10 +224,7 @@ class NormRankRetriever(BaseRetriever):
     ) -> list[Document]:
         """The blended top-``k`` for ``query`` (``k`` clamped to the index size)."""
         k, flt = self._search_args(k, filter, search_kwargs, kwargs)
-        k = self._checked_size(k)
-        if k == 0:
-            return []
-        return [hit_to_document(h, self.explanation_key) for h in self.index.search(query, k, filter=flt)]
+        return [hit_to_document(h, self.explanation_key) for h in self._hits(query, k, flt)]
 
     async def _aget_relevant_documents(
         self,
@@ -228,10 +238,7 @@ class NormRankRetriever(BaseRetriever):
     ) -> list[Document]:
         """Async retrieval: the search (encoder + FAISS) runs in a worker thread, off the event loop."""
         k, flt = self._search_args(k, filter, search_kwargs, kwargs)
-        k = await asyncio.to_thread(self._checked_size, k)
-        if k == 0:
-            return []
-        hits = await asyncio.to_thread(self.index.search, query, k, filter=flt)
+        hits = await asyncio.to_thread(self._hits, query, k, flt)
         return [hit_to_document(h, self.explanation_key) for h in hits]
 
     def _get_ls_params(self, **kwargs: Any) -> LangSmithRetrieverParams:

@@ -36,7 +36,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from langchain_core.callbacks import AsyncCallbackManagerForRetrieverRun, CallbackManagerForRetrieverRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.runnables.config import run_in_executor
@@ -56,16 +59,24 @@ from langchain_normrank._shared import (
     warn_empty,
 )
 from langchain_normrank.embeddings import NormRankEmbeddings
-from normrank._validation import UNIT_NORM_TOLERANCE, check_metadata, check_norm_signal, check_option, check_text
+from normrank._validation import (
+    UNIT_NORM_TOLERANCE,
+    check_metadata,
+    check_norm_signal,
+    check_option,
+    check_text,
+)
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
     DuplicateIdError,
-    EmptyCorpusError,
     InvalidArgumentError,
     InvalidIdError,
+    InvalidVectorError,
     UnknownIdError,
 )
+from normrank.filters import check_filter
+from normrank.index_base import search_up_to
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
 
@@ -98,6 +109,37 @@ def _as_embeddings(embedding: Any) -> Embeddings | None:
 def _unknown(kwargs: Mapping[str, Any], what: str, takes: str) -> None:
     if kwargs:
         raise InvalidArgumentError(f"unknown argument(s) {sorted(kwargs)} for {what}; it takes {takes}")
+
+
+def _check_threshold(value: Any) -> float | None:
+    """A relevance threshold: ``None`` or a number in [0, 1], the scale relevance scores are clipped to
+    (a string raised a bare ``TypeError``; NaN or 2 answered ``[]`` in silence)."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+            0.0 <= float(value) <= 1.0):
+        raise InvalidArgumentError(f"score_threshold must be a number in [0, 1] (relevance is the blended score "
+                                   f"clipped to [0, 1]), got {value!r}")
+    return float(value)
+
+
+def _query_vector(vector: Any) -> np.ndarray:
+    """A query embedding as float32: a list (or array) of real numbers, finite and not empty. NumPy alone
+    read ``"abc"`` as an error of its own and ``["1", ...]`` as numbers."""
+    if isinstance(vector, np.ndarray):
+        ok = vector.dtype.kind in "fiu"
+    else:
+        ok = isinstance(vector, Sequence) and not isinstance(vector, (str, bytes)) and all(
+            isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+            for x in vector)
+    if not ok:
+        raise InvalidVectorError(f"the query embedding must be a list of numbers, got {type(vector).__name__}"
+                                 + (" with non-numbers in it" if isinstance(vector, Sequence)
+                                    and not isinstance(vector, (str, bytes)) else ""))
+    vec = np.asarray(vector, dtype=np.float32).ravel()
+    if vec.size == 0 or not np.all(np.isfinite(vec)):
+        raise InvalidVectorError("the query embedding is empty or holds NaN or infinity")
+    return vec
 
 
 def _check_ids_given(ids: Sequence[Any]) -> list[str]:
@@ -193,6 +235,19 @@ class NormRankVectorStore(VectorStore):
     def __repr__(self) -> str:
         return (f"NormRankVectorStore(index={self.index!r}, embedding={type(self.embedding).__name__}, "
                 f"token_counter={self.token_counter_kind!r})")
+
+    def similarity_search_with_relevance_scores(self, query: str, k: int = 4,
+                                                **kwargs: Any) -> list[tuple[Document, float]]:
+        """LangChain's relevance-scored search, with ``score_threshold`` checked first (see
+        :func:`_check_threshold`)."""
+        _check_threshold(kwargs.get("score_threshold"))
+        return super().similarity_search_with_relevance_scores(query, k, **kwargs)
+
+    async def asimilarity_search_with_relevance_scores(self, query: str, k: int = 4,
+                                                       **kwargs: Any) -> list[tuple[Document, float]]:
+        """Async :meth:`similarity_search_with_relevance_scores`."""
+        _check_threshold(kwargs.get("score_threshold"))
+        return await super().asimilarity_search_with_relevance_scores(query, k, **kwargs)
 
     def _select_relevance_score_fn(self) -> Callable[[float], float]:
         """Blended score -> [0, 1] by clipping (see :func:`blended_relevance`)."""
@@ -291,7 +346,13 @@ class NormRankVectorStore(VectorStore):
 
         The documents are not changed; an id already in the store replaces that document.
         """
+        if isinstance(documents, (str, Document)):
+            raise InvalidArgumentError("add_documents takes a list of Document objects")
         docs = list(documents)
+        for i, d in enumerate(docs):
+            if not isinstance(d, Document):
+                raise InvalidArgumentError(f"add_documents takes Document objects; item {i} is a {type(d).__name__}"
+                                           " (for plain strings use add_texts)")
         ids = kwargs.pop("ids", None)
         if ids is None:
             ids = [d.id for d in docs]
@@ -315,8 +376,8 @@ class NormRankVectorStore(VectorStore):
 
     def get_by_ids(self, ids: Sequence[str], /) -> list[Document]:
         """Stored documents for these ids, in the order given; missing ids are skipped, repeats given once."""
-        if isinstance(ids, str):
-            raise InvalidArgumentError("get_by_ids takes a list of ids, got a single string")
+        if isinstance(ids, str) or not isinstance(ids, Iterable):
+            raise InvalidArgumentError(f"get_by_ids takes a list of ids, got {type(ids).__name__}")
         wanted = list(dict.fromkeys(_check_ids_given(list(ids))))
         with self._rw.read():
             records = self._on_present(wanted, self.index.get, "reading") or []
@@ -359,31 +420,31 @@ class NormRankVectorStore(VectorStore):
 
     def _hits(self, query: str | np.ndarray, k: Any, flt: Any, query_token_count: int | None) -> list[Hit]:
         """The index's blended top-``k`` (``k`` clamped to the store's size); call under the read lock."""
-        k = check_k(k)
-        for attempt in range(3):
-            n = len(self.index)
-            if n == 0:
-                return self._empty_result()
-            kk = min(k, n)
-            try:
-                return self.index.search(query, kk, filter=flt, query_token_count=query_token_count)
-            except EmptyCorpusError:
-                continue  # emptied by another process meanwhile
-            except InvalidArgumentError:
-                if attempt < 2 and len(self.index) < kk:
-                    continue  # shrunk by another process meanwhile
-                raise
-        return []
+        return search_up_to(self.index, query, check_k(k), self._empty_result, filter=flt,
+                            query_token_count=query_token_count)
+
+    def _door(self, query: Any, vector: Any, k: Any, flt: Any, score_threshold: Any = None) -> tuple[Any, Any]:
+        """Every argument checked before the store is looked at, so an empty store refuses what a full
+        one would (it answered ``[]`` to a NaN vector); returns the checked vector and filter."""
+        check_k(k)
+        _check_threshold(score_threshold)
+        flt = check_filter(flt)
+        if vector is None:
+            if not isinstance(query, str):
+                raise InvalidArgumentError(f"the query must be a string, got {type(query).__name__}")
+            check_texts([query])
+            return None, flt
+        return _query_vector(vector), flt
 
     def _scored(self, query: str | None, vector: Sequence[float] | None, k: Any, flt: Any,
                 query_token_count: int | None, score_threshold: float | None) -> list[Hit]:
-        check_k(k)
+        vec, flt = self._door(query, vector, k, flt, score_threshold)
         if len(self.index) == 0:  # no embedding call (maybe paid) for an empty store
             return self._empty_result()
-        if vector is None:
+        if vec is None:
             q, count = self._query(query)  # type: ignore[arg-type]
         else:
-            q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
+            q, count = vec, query_token_count
         with self._rw.read():
             hits = self._hits(q, k, flt, count)
         if score_threshold is not None:
@@ -438,12 +499,13 @@ class NormRankVectorStore(VectorStore):
         fetch_k = check_k(fetch_k, "fetch_k")
         if isinstance(lambda_mult, bool) or not isinstance(lambda_mult, (int, float)) or not 0 <= lambda_mult <= 1:
             raise InvalidArgumentError(f"lambda_mult must be a number in [0, 1], got {lambda_mult!r}")
+        vec, flt = self._door(query, vector, k, flt)
         if len(self.index) == 0:
             return self._empty_result()
-        if vector is None:
+        if vec is None:
             q, count = self._query(query)  # type: ignore[arg-type]
         else:
-            q, count = np.asarray(vector, dtype=np.float32).ravel(), query_token_count
+            q, count = vec, query_token_count
         with self._rw.read():
             hits = self._hits(q, max(k, fetch_k), flt, count)
             if len(hits) <= 1:
@@ -604,7 +666,8 @@ class NormRankVectorStore(VectorStore):
         """Save to ``folder_path`` through normrank's atomic, checksummed format (no pickle).
 
         Returns the version folder written. A pgvector store lives in PostgreSQL and has nothing to
-        save locally (``InvalidArgumentError``); an empty store cannot be saved (``EmptyCorpusError``).
+        save locally (``InvalidArgumentError``); a store that never held a document cannot be saved
+        (``EmptyCorpusError``: its dimension is not known yet); one emptied by deletes saves and reloads empty.
         """
         if not isinstance(self.index, NormIndex):
             raise InvalidArgumentError(
@@ -679,7 +742,7 @@ class NormRankVectorStoreRetriever(VectorStoreRetriever):
         if self.search_type == "similarity_score_threshold":
             return [doc for doc, _ in store.similarity_search_with_relevance_scores(query, **kw)]
         if self.search_type == "mmr":
-            threshold = kw.pop("score_threshold", None)
+            threshold = _check_threshold(kw.pop("score_threshold", None))
             filter_ = kw.pop("filter", None)
             hits = store._mmr(query, None, kw.pop("k", 4), kw.pop("fetch_k", 20), kw.pop("lambda_mult", 0.5),
                               filter_, None)

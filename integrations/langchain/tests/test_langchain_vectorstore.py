@@ -670,3 +670,87 @@ def test_vectorstore_example_runs():
     assert context == scored and scored[0].startswith("Photosynthesis")
     reloaded = ast.literal_eval(lines[-1].split(": ", 1)[1])
     assert [c[:30] for c in context] == reloaded
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.similarity_search("stars", k=2, score_threshold="0.5"),
+    lambda s: s.similarity_search("stars", k=2, score_threshold=float("nan")),
+    lambda s: s.similarity_search("stars", k=2, score_threshold=2),
+    lambda s: s.similarity_search_with_relevance_scores("stars", k=2, score_threshold="0.5"),
+    lambda s: asyncio.run(s.asimilarity_search_with_relevance_scores("stars", k=2, score_threshold=-0.1)),
+    lambda s: s.as_retriever(search_type="mmr", search_kwargs={"score_threshold": "x"}).invoke("stars"),
+    lambda s: s.similarity_search_by_vector("abc", k=2),
+    lambda s: s.similarity_search_by_vector(["1"] * 384, k=2),
+    lambda s: s.similarity_search_by_vector([float("nan")] * 384, k=2),
+    lambda s: s.similarity_search(5, k=2),
+    lambda s: s.similarity_search("stars", k=2, filter={"n": {"$regex": "s"}}),
+    lambda s: s.similarity_search("stars", k=2, filter={"n": float("nan")}),
+    lambda s: s.add_documents(["a plain string"]),
+    lambda s: s.get_by_ids(None),
+], ids=["threshold-str", "threshold-nan", "threshold-2", "relevance-str", "arelevance-neg", "mmr-threshold",
+        "vector-str", "vector-of-str", "vector-nan", "query-int", "unknown-operator", "nan-filter", "add-str",
+        "get-none"])
+@pytest.mark.parametrize("empty", [False, True])
+def test_bad_arguments_are_named_on_full_and_empty_stores(encoder, demo_texts, call, empty):
+    """Checked before the store is looked at: an empty store refuses what a full one does (it answered
+    ``[]`` to a NaN vector), and nothing stored changes."""
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), allow_empty=True)
+    if not empty:
+        store.add_texts(demo_texts[:6], ids=[f"d{i}" for i in range(6)])
+    before = store.index.ids()
+    with pytest.raises(ValueError) as info:
+        call(store)
+    assert type(info.value).__module__.startswith("normrank")  # a named normrank error, not a bare one
+    assert store.index.ids() == before
+
+
+def test_operator_filters_match_what_they_say(store, corpus):
+    """Chroma/PGVector-style operators, as LangChain users write them (normrank.filters)."""
+    metas = {d["_id"]: m for d, m in zip(corpus, _metas(corpus))}
+    key, value = "topic", _metas(corpus)[0]["topic"]
+    everything = _ids(store.similarity_search("stars", k=len(metas)))
+    for flt, keep in (({key: {"$eq": value}}, lambda m: m.get(key) == value),
+                      ({key: {"$ne": value}}, lambda m: m.get(key) != value),
+                      ({"$or": [{key: value}, {key: {"$exists": False}}]}, lambda m: m.get(key, value) == value),
+                      ({"$not": {key: {"$in": [value]}}}, lambda m: m.get(key) != value)):
+        want = [i for i in everything if keep(metas[i])][:3]
+        assert _ids(store.similarity_search("stars", k=3, filter=flt)) == want, flt
+
+
+def test_retrievers_clamp_k_while_another_thread_deletes(encoder, demo_texts):
+    """Counting and searching are two calls; a delete in between made the search refuse k (53 of 66
+    retrievals failed). Every retrieval now answers with what the index holds when it searches."""
+    from langchain_normrank import NormRankRetriever
+
+    texts = [f"{t} ({i})" for i, t in enumerate(demo_texts * 4)][:60]
+    index = NormIndex.from_texts(texts, ids=[f"d{i}" for i in range(len(texts))], encoder=encoder)
+    retriever = NormRankRetriever(index=index, k=100)
+    store = NormRankVectorStore(index=index)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    sizes: list[int] = []
+
+    def deleter() -> None:
+        for i in range(len(texts) - 5):
+            index.delete([f"d{i}"])
+            if stop.wait(0.003):
+                return
+
+    def reader(fn) -> None:
+        try:
+            while not stop.is_set():
+                sizes.append(len(fn()))
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=deleter)] + [
+        threading.Thread(target=reader, args=(f,)) for f in (lambda: retriever.invoke("stars"),
+                                                              lambda: store.similarity_search("stars", k=100))]
+    for t in threads:
+        t.start()
+    threads[0].join()
+    stop.set()
+    for t in threads[1:]:
+        t.join()
+    assert not errors, errors[:3]
+    assert sizes and min(sizes) >= 5 and len(retriever.invoke("stars")) == len(index) == 5

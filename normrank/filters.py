@@ -1,0 +1,198 @@
+"""Metadata filters: what a dict filter means, checked at the door, the same on every backend.
+
+A filter is a callable on the metadata dict, or a dict:
+
+* ``{"key": value}`` matches documents whose ``metadata["key"]`` equals ``value`` (a missing key
+  reads as ``None``); ``{"key": [v1, v2]}`` matches any of the listed values; several keys must
+  all match.
+* Operators, in the dialect LangChain users bring from Chroma and PGVector:
+  ``{"key": {"$gt": 3}}`` with ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``, ``$in``,
+  ``$nin`` and ``$exists``; and ``{"$and": [f, ...]}``, ``{"$or": [f, ...]}``, ``{"$not": f}``.
+
+Why one module: the FAISS store matched in Python with ``==`` (so ``True`` matched ``1``) while
+pgvector compared JSON (where it does not), an operator dict was compared as a value and matched
+nothing in silence, and a NaN value matched nothing on FAISS but was refused on pgvector. Here a
+filter is validated once, before any work, and means the same everywhere: equality is JSON's
+(``true`` is not ``1``; ``1`` equals ``1.0``), order comparisons hold between two numbers or two
+strings (by code point) and are false otherwise, and ``$ne`` / ``$nin`` match a missing key, as in
+MongoDB. Plain dicts keep their fast path (pgvector runs them in SQL); operator filters become a
+predicate (:func:`check_filter`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from normrank._validation import check_metadata
+from normrank.errors import InvalidArgumentError
+
+MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
+Predicate = Callable[[Mapping[str, Any]], bool]
+
+FIELD_OPERATORS = ("$eq", "$ne", "$gt", "$gte", "$lt", "$lte", "$in", "$nin", "$exists")
+LOGICAL_OPERATORS = ("$and", "$or", "$not")
+_LISTS = (list, tuple, set, frozenset)
+
+
+def check_filter(flt: Any, *, allow_nul: bool = True) -> MetadataFilter | None:
+    """The filter to search with: ``None`` (no filter, also for ``{}``), the callable itself, the plain
+    dict (key -> value or list of values), or a predicate compiled from an operator filter.
+
+    Raises ``InvalidArgumentError`` (``InvalidMetadataError`` for NaN, infinity or NUL where the backend
+    cannot hold it) naming what is wrong, before anything is searched.
+    """
+    if flt is None:
+        return None
+    if callable(flt):
+        return flt
+    if not isinstance(flt, Mapping):
+        raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(flt).__name__}")
+    if not flt:
+        return None
+    predicate = _compile(flt, "filter", allow_nul)
+    return flt if is_plain(flt) else predicate
+
+
+def is_plain(flt: Mapping[str, Any]) -> bool:
+    """A dict of key -> value (or list of values) with no operator anywhere: the form pgvector runs in SQL."""
+    return not any(_is_operator_key(k) or _is_operator_dict(v) for k, v in flt.items())
+
+
+def match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
+    """Whether ``metadata`` passes ``flt`` (already checked by :func:`check_filter`)."""
+    if callable(flt):
+        return bool(flt(metadata))
+    for key, want in flt.items():
+        have = metadata.get(key)
+        if isinstance(want, _LISTS):
+            if not any(same(have, w) for w in want):
+                return False
+        elif not same(have, want):
+            return False
+    return True
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON equality: ``True`` is not ``1`` (Python's ``==`` says it is), ``1`` is ``1.0``; lists and tuples
+    compare alike, element by element, and so do dicts, key by key."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple, Mapping)) or isinstance(b, (list, tuple, Mapping)):
+        return False
+    return bool(a == b)
+
+
+# ------------------------------------------------------------------ compiling
+def _is_operator_key(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("$")
+
+
+def _is_operator_dict(value: Any) -> bool:
+    return isinstance(value, Mapping) and any(_is_operator_key(k) for k in value)
+
+
+def _values(name: str, value: Any, where: str, allow_nul: bool) -> Any:
+    """``value`` checked as metadata is (finite numbers, JSON-able, no NUL where the backend has none);
+    an error names it as ``where[name]``."""
+    return check_metadata({name: value}, where, allow_nul=allow_nul)[name]
+
+
+def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
+    parts: list[Predicate] = []
+    for key, want in flt.items():
+        if not isinstance(key, str):
+            raise InvalidArgumentError(f"{where} keys must be strings, got {key!r}")
+        if _is_operator_key(key):
+            parts.append(_logical(key, want, where, allow_nul))
+        elif _is_operator_dict(want):
+            parts.append(_field(key, want, f"{where}[{key!r}]", allow_nul))
+        else:
+            listed = isinstance(want, _LISTS)
+            checked = _values(key, list(want) if listed else want, where, allow_nul)
+            parts.append(_one_of(key, checked) if listed else _equal(key, checked))
+    return lambda m: all(p(m) for p in parts)
+
+
+def _logical(op: str, arg: Any, where: str, allow_nul: bool) -> Predicate:
+    if op == "$not":
+        if not isinstance(arg, Mapping) or not arg:
+            raise InvalidArgumentError(f"{where}: $not takes a non-empty filter dict, got {arg!r}")
+        inner = _compile(arg, f"{where}.$not", allow_nul)
+        return lambda m: not inner(m)
+    if op in ("$and", "$or"):
+        if not isinstance(arg, (list, tuple)) or not arg or not all(isinstance(f, Mapping) and f for f in arg):
+            raise InvalidArgumentError(f"{where}: {op} takes a non-empty list of non-empty filter dicts, got {arg!r}")
+        subs = [_compile(f, f"{where}.{op}[{i}]", allow_nul) for i, f in enumerate(arg)]
+        if op == "$and":
+            return lambda m: all(s(m) for s in subs)
+        return lambda m: any(s(m) for s in subs)
+    raise InvalidArgumentError(f"{where}: unknown operator {op!r} at the top level; use $and, $or or $not there, "
+                               f"and {', '.join(FIELD_OPERATORS)} under a key")
+
+
+def _field(key: str, ops: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
+    plain = [k for k in ops if not _is_operator_key(k)]
+    if plain:
+        raise InvalidArgumentError(f"{where} mixes operators with the plain key {plain[0]!r}; to match a nested "
+                                   "dict that has keys starting with '$', use a callable filter")
+    parts: list[Predicate] = []
+    for op, arg in ops.items():
+        if op not in FIELD_OPERATORS:
+            raise InvalidArgumentError(f"{where}: unknown operator {op!r}; supported: {', '.join(FIELD_OPERATORS)} "
+                                       f"(and {', '.join(LOGICAL_OPERATORS)} at the top level)")
+        if op == "$exists":
+            if not isinstance(arg, bool):
+                raise InvalidArgumentError(f"{where}: $exists takes true or false, got {arg!r}")
+            parts.append(lambda m, want=arg: (key in m) is want)
+        elif op in ("$in", "$nin"):
+            if not isinstance(arg, _LISTS):
+                raise InvalidArgumentError(f"{where}: {op} takes a list of values, got {type(arg).__name__}")
+            one_of = _one_of(key, _values(op, list(arg), where, allow_nul))
+            parts.append(one_of if op == "$in" else (lambda m, f=one_of: not f(m)))
+        elif op in ("$eq", "$ne"):
+            equal = _equal(key, _values(op, arg, where, allow_nul))
+            parts.append(equal if op == "$eq" else (lambda m, f=equal: not f(m)))
+        else:
+            parts.append(_order(key, op, _values(op, arg, where, allow_nul), where))
+    return lambda m: all(p(m) for p in parts)
+
+
+def _equal(key: str, want: Any) -> Predicate:
+    return lambda m: same(m.get(key), want)
+
+
+def _one_of(key: str, wants: list[Any]) -> Predicate:
+    return lambda m: any(same(m.get(key), w) for w in wants)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _order(key: str, op: str, want: Any, where: str) -> Predicate:
+    if not (_number(want) or isinstance(want, str)):
+        raise InvalidArgumentError(f"{where}: {op} compares numbers or strings, got {want!r}")
+    numeric = _number(want)
+
+    def test(m: Mapping[str, Any]) -> bool:
+        have = m.get(key)
+        if not (_number(have) if numeric else isinstance(have, str)):
+            return False  # another type (or missing): no order between them, so no match
+        if op == "$gt":
+            return have > want
+        if op == "$gte":
+            return have >= want
+        if op == "$lt":
+            return have < want
+        return have <= want
+
+    return test
+
+
+__all__ = ["FIELD_OPERATORS", "LOGICAL_OPERATORS", "MetadataFilter", "Predicate", "check_filter", "is_plain",
+           "match", "same"]
