@@ -17,12 +17,15 @@ from normrank.cli import main
 from normrank.datasets import demo_rows
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+CHANGELOG = README.parent / "CHANGELOG.md"
 ENDING = next(r for r in demo_rows() if r["_id"] == "hist-2")["text"]  # the Westphalia passage
 
 
 def _long_file_text() -> str:
-    """~1,500 words of real prose (the README's opening) that end with a passage found nowhere else."""
-    words = README.read_text(encoding="utf-8").split(" ")
+    """~1,500 words of real prose that end with a passage found nowhere else. The prose is the released
+    0.1.0 section of the CHANGELOG, which never changes (the README's opening did, with every feature)."""
+    text = CHANGELOG.read_text(encoding="utf-8")
+    words = text[text.index("## [0.1.0]"):].split(" ")
     head = " ".join(words[:1450])
     return f"{head}\n\n{ENDING}"
 

@@ -582,3 +582,43 @@ async def test_insert_delete_update_and_refresh_documents_through_the_index(enco
     assert (await index.as_retriever(similarity_top_k=1).aretrieve("baking bread"))[0].node.ref_doc_id == "bread"
     await index.adelete_ref_doc("bread")
     assert "bread" not in {n.ref_doc_id for n in store.get_nodes()}
+
+
+def test_normrank_retriever_over_a_stores_index_returns_the_stores_nodes(built, embed, model_calls):
+    """``NormRankRetriever(store.index)`` gave TextNodes whose metadata held LlamaIndex's internals
+    (``_node_content``, ``_node_type``, ...) and lost the node's relationships; it now rebuilds the node the
+    store wrote, uses a raw ``QueryBundle.embedding`` instead of encoding the query again, and takes a
+    NumPy integer for ``similarity_top_k``."""
+    from llama_index.core.schema import QueryBundle
+    from llama_index.retrievers.normrank import NormRankRetriever
+
+    store, index = built
+    via_store = index.as_retriever(similarity_top_k=4).retrieve(QUERIES[1])
+    retriever = NormRankRetriever(store.index, similarity_top_k=np.int64(4))
+    mine = retriever.retrieve(QUERIES[1])
+    assert [(n.node.node_id, n.score) for n in mine] == [(n.node.node_id, pytest.approx(n.score)) for n in via_store]
+    for a, b in zip(mine, via_store):
+        assert a.node.metadata == b.node.metadata and not any(k.startswith("_node") for k in a.node.metadata)
+        assert a.node.ref_doc_id == b.node.ref_doc_id and a.node.relationships == b.node.relationships
+        assert a.node.get_content(metadata_mode=MetadataMode.LLM) == b.node.get_content(metadata_mode=MetadataMode.LLM)
+    vector = embed.get_query_embedding(QUERIES[1])
+    calls = model_calls.calls
+    by_vector = retriever.retrieve(QueryBundle(query_str=QUERIES[1], embedding=vector))
+    assert model_calls.calls == calls  # the raw embedding is the query: no second model call
+    assert [(n.node.node_id, n.score) for n in by_vector] == [(n.node.node_id, pytest.approx(n.score)) for n in mine]
+    unit = list(np.asarray(vector) / np.linalg.norm(vector))  # not raw: the text is encoded instead
+    assert [n.node.node_id for n in retriever.retrieve(QueryBundle(query_str=QUERIES[1], embedding=unit))] == [
+        n.node.node_id for n in mine]
+
+
+def test_nan_metadata_on_a_node_is_named_and_nothing_is_stored(encoder, embed, docs, vectors):
+    """LlamaIndex's JSON of a node turns NaN into null before the index sees it: it was stored as None."""
+    from normrank.errors import InvalidMetadataError
+
+    store = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    store.add(_nodes(docs[:3], vectors[:3]))
+    bad = _nodes(docs[3:5], vectors[3:5])
+    bad[1].metadata["x"] = float("nan")
+    with pytest.raises(InvalidMetadataError, match=rf"node {bad[1].node_id!r} metadata\['x'\] is nan"):
+        store.add(bad)
+    assert len(store.index) == 3

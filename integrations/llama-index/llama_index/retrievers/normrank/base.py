@@ -20,14 +20,16 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
-from normrank.candidate_vectors import EXPLANATION_KEY, explain, is_explanation
+from normrank.candidate_vectors import EXPLANATION_KEY, explain, is_blank, is_explanation, is_raw
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
+from normrank.index_base import search_up_to
 from normrank.scoring import SCORE_KEYS, Hit
 from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
@@ -81,9 +83,10 @@ def check_reserved(metadata: Mapping[str, Any], where: str) -> None:
 
 
 def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+    """A positive whole number; NumPy integers too, as the vector store and ``NormIndex.search`` take them."""
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or k <= 0:
         raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
-    return k
+    return int(k)
 
 
 def empty_message(what: str) -> str:
@@ -175,15 +178,31 @@ class NormRankRetriever(BaseRetriever):
         return cls(index, config.llamaindex.similarity_top_k, allow_empty=allow_empty)
 
     # ------------------------------------------------------------ retrieval
+    def _empty(self) -> list[Hit]:
+        if self.allow_empty:
+            return []
+        raise EmptyCorpusError(empty_message("this NormRankRetriever"))
+
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        k = min(self.similarity_top_k, len(self.index))
-        if k == 0:
-            if self.allow_empty:
-                return []
-            raise EmptyCorpusError(empty_message("this NormRankRetriever"))
-        hits = self.index.search(query_bundle.query_str, k, filter=self.filter)
-        return [NodeWithScore(node=with_explanation(TextNode(id_=hit.id, text=hit.text or "", metadata=hit.metadata),
-                                                    explain(hit)),
+        """The blended top ``similarity_top_k``, clamped to what the index holds when it searches.
+
+        The query is ``query_bundle.embedding`` when it is a raw vector of the index's dimension (a
+        ``NormRankEmbedding`` computed it: no second model call), else ``query_str`` encoded by the
+        index's encoder. Nodes come back as the index stored them: a node a ``NormRankVectorStore``
+        wrote is rebuilt whole (its id, relationships and metadata), without LlamaIndex's internal keys.
+        """
+        from llama_index.vector_stores.normrank.base import _to_node
+
+        query: Any = query_bundle.query_str
+        count = None
+        dim = getattr(self.index, "dim", None)
+        if dim and is_raw(query_bundle.embedding, dim):
+            query = np.asarray(query_bundle.embedding, dtype=np.float32)
+            if not is_blank(query_bundle.query_str):
+                count = int(self.index.encoder.token_counts([query_bundle.query_str])[0])
+        hits = search_up_to(self.index, query, self.similarity_top_k, self._empty, filter=self.filter,
+                            query_token_count=count)
+        return [NodeWithScore(node=with_explanation(_to_node(hit.id, hit.text, hit.metadata), explain(hit)),
                               score=hit.score)
                 for hit in hits]
 

@@ -65,6 +65,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
+from normrank._validation import MAX_METADATA_BYTES, check_metadata
 from normrank.encoders import RawEncoder
 from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError
 from normrank.scoring import Hit
@@ -356,6 +357,10 @@ class NormRankVectorStore(BasePydanticVectorStore):
                 metadata.pop(EXPLANATION_KEY)  # a node that came out of a normrank query: drop the old score
                 n = n.model_copy(update={"metadata": metadata})
             check_reserved(n.metadata, f"node {n.node_id!r}")
+            # Checked here, by node id: LlamaIndex's JSON of the node turns NaN into null before the index
+            # sees it (stored as None, in silence), and the metadata is stored twice (the keys and inside
+            # _node_content), so half the index's limit is what a node's metadata can hold.
+            check_metadata(n.metadata, f"node {n.node_id!r} metadata", max_bytes=MAX_METADATA_BYTES // 2)
             embed_text = n.get_content(metadata_mode=MetadataMode.EMBED)
             if not embed_text.strip():
                 raise EmptyTextError(f"node {n.node_id!r} has no text: it has no meaning to embed or rank")
