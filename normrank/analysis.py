@@ -115,24 +115,37 @@ def analyze_index(index: NormIndex, top: int = 5) -> Analysis:
         most_specific=[summ(i) for i in order[:top]], least_specific=[summ(i) for i in order[::-1][:top]],
         weights=index.weights.to_dict(), query_calibrated=index.query_calibrator is not None,
     )
-    result.truncation = _truncation(index, counts)
+    result.truncation = _truncation(index, counts, recs)
     result.warnings.extend(_warnings(result, norms, g))
     return result
 
 
-def _truncation(index: NormIndex, counts: np.ndarray) -> dict[str, Any]:
-    """How many documents reached the encoder's window, from the stored token counts (no re-tokenising)."""
+def _truncation(index: NormIndex, counts: np.ndarray, recs: list[Any]) -> dict[str, Any]:
+    """How many documents were cut at the encoder's window.
+
+    The stored token counts are capped at the window, so a document of exactly the window's length
+    looks like a cut one (``analyze`` said 109 where ``index`` had cut 107). The stored texts of those
+    at the window, and only those, are tokenised again to tell them apart; without texts the count
+    from the stored counts stands (``exact: False``).
+    """
     from normrank.encoders import truncation_summary
 
     encoder = getattr(index, "_encoder", None)
     if encoder is None:  # vectors added without an encoder: their model and its window are unknown
         return {}
     try:
-        limit = encoder.max_seq_length or encoder.max_tokens
+        limit = int(encoder.max_seq_length or encoder.max_tokens)
     except Exception as exc:  # an index of bare vectors whose model cannot be loaded here
         logger.info("truncation not reported: %s", exc)
         return {}
-    return truncation_summary(counts, int(limit))
+    summary = truncation_summary(counts, limit)
+    at_window = np.flatnonzero(counts >= limit).tolist()
+    texts = [recs[i].text for i in at_window]
+    summary["exact"] = all(isinstance(t, str) and t.strip() for t in texts)
+    if at_window and summary["exact"]:
+        n = encoder.count_truncated(texts)
+        summary.update(truncated=n, share=n / counts.size)
+    return summary
 
 
 def _warnings(a: Analysis, norms: np.ndarray, g: np.ndarray) -> list[str]:
@@ -168,7 +181,9 @@ def format_analysis(a: Analysis) -> str:
         f"range {n['min']:.4f}..{n['max']:.4f}  sd/mean {n['sd'] / n['mean']:.4f}",
         f"token count:   median {c['median']:.0f}  5-95% {c['p05']:.0f}..{c['p95']:.0f}"
         + (f"  truncated at {a.truncation['max_tokens']}: {a.truncation['truncated']} documents"
-           f" ({a.truncation['share']:.1%})" if a.truncation else ""),
+           f" ({a.truncation['share']:.1%}"
+           f"{'' if a.truncation.get('exact', True) else '; no texts stored: those of exactly that length count too'})"
+           if a.truncation else ""),
         *([f"  {a.truncation['truncated']} documents were cut at the model's window: only their beginning is "
            "embedded; index long files in chunks (`normrank index` chunks by default; Python: "
            "normrank.chunking.chunk_texts)"] if a.truncation.get("truncated") else []),

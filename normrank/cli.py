@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -210,8 +211,16 @@ def _check_out_folder(out: str | Path) -> None:
     from normrank.errors import IndexFormatError
 
     path = Path(out)
+    if path.is_symlink() and not path.exists():
+        raise IndexFormatError(f"--out {path} is a symbolic link to {os.readlink(path)!r}, which does not exist")
     if path.exists() and not path.is_dir():
         raise IndexFormatError(f"--out {path} exists and is not a folder")
+    writable = next((p for p in (path, *path.absolute().parents) if p.exists()), None)
+    if writable is not None and not os.access(writable, os.W_OK | os.X_OK):
+        from normrank.errors import PersistenceError
+
+        raise PersistenceError(errno.EACCES, f"--out {path}: {writable} is not writable, so the index could not "
+                               "be saved there (checked before reading or encoding anything)")
     foreign = persistence.foreign_entries(path)  # the same rule as save(): normrank's marker, or only its files
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
@@ -237,7 +246,9 @@ def _chunk(args: argparse.Namespace, config: Any, encoder: Any, ids: list[str], 
         print(f"chunked {n_docs} documents into {len(ids)} passages (ids path#n; metadata source, chunk, start, "
               "end); --no-chunking keeps one document per file", file=sys.stderr)
     if truncated:
-        hint = "--chunk-rows splits them (ids become id#n)" if kind == "rows" else "drop --no-chunking to split them"
+        hint = ("--chunk-rows splits them (ids become id#n)" if kind == "rows"
+                else "drop --no-chunking to split them" if args.no_chunking
+                else "set chunking.enabled: true in the config to split them")
         print(f"note: {truncated} of {n_docs} documents are longer than the model's window of {encoder.max_tokens} "
               f"tokens and were truncated (only their beginning is embedded); {hint}", file=sys.stderr)
     return ids, texts, metas
@@ -321,6 +332,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     hits = index.search(args.query, min(len(index), k * 10) if args.group_by else k)
     groups = _group(hits, args.group_by, k) if args.group_by else None
     if groups is not None:
+        if hits and not any(args.group_by in h.metadata for h in hits):  # most likely a typo in the key
+            keys = sorted({key for h in hits for key in h.metadata})
+            print(f"note: no hit has the metadata key {args.group_by!r}, so each hit is its own group; keys the "
+                  f"hits have: {', '.join(keys[:10]) or 'none'}", file=sys.stderr)
         hits = [h for _, members in groups for h in members]
     if args.json:
         out = {"query": args.query, "weights": index.weights.to_dict(), "hits": [h.to_dict() for h in hits]}
@@ -463,7 +478,13 @@ def _resolve_collection(name: str, data: str | None) -> str:
     root = Path(data) if data else default_data_dir()
     if root is not None and (root / name).is_dir():
         return str(root / name)
-    return name
+    from normrank.datasets import DATA_ENV
+    from normrank.errors import DatasetError
+
+    where = ("--data" if data else f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "../shared/data")
+    looked = f"; not under {where} ({root}) either" if root is not None else (
+        f"; no data folder to look in (--data, ${DATA_ENV} or ../shared/data)")
+    raise DatasetError(f"no such folder: {name}{looked}")
 
 
 def _set_backend(config: Any, backend: str | None) -> None:

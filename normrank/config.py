@@ -489,4 +489,10 @@ def saved_index(config: NormRankConfig, calibration: str, section: str) -> Any:
             f"'{section}.calibration' is 'index' but store.path ({path!r}) holds no saved index; "
             "save one there, or choose one of: auto, index, candidates"
         )
+    if path:  # 'auto' with a path that holds nothing: most likely a misplaced path, so say so
+        import warnings
+
+        warnings.warn(f"store.path ({path!r}) holds no saved index, so the {section} re-ranker calibrates on each "
+                      "call's candidates and uses the configured weights; fix store.path to use the index, or "
+                      f"set {section}.calibration: candidates to silence this", UserWarning, stacklevel=3)
     return None

@@ -480,6 +480,38 @@ def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | 
                          show_progress=show_progress)
 
 
+def warn_if_other_encoder(saved: Mapping[str, Any] | None, encoder: Any, what: str = "the index") -> None:
+    """Log a warning when ``encoder`` would not give the vectors ``saved`` (a ``describe()``) names.
+
+    Why: ``NormIndex.load(path, encoder=...)`` took any encoder in silence, and a torch index queried through
+    an int8 encoder swapped hits. Other model weights, pooling, window or int8 against full precision
+    differ; ``torch`` and ``onnx`` give the same vectors (``benchmarks/results/onnx.md``), and a batch size
+    or device changes nothing, so those pass.
+    """
+    if not saved or not hasattr(encoder, "describe"):
+        return
+    now = encoder.describe()
+
+    def model(m: Any) -> str:
+        if m is None:
+            return str(default_model_path().resolve())
+        path = Path(str(m)).expanduser()
+        return str(path.resolve()) if path.exists() else str(m)
+
+    def precision(backend: Any) -> str:
+        return "int8" if backend == "onnx-int8" else "float32"
+
+    diffs = [f"{name} {a!r} -> {b!r}" for name, a, b in (
+        ("model", model(saved.get("model")), model(now.get("model"))),
+        ("pooling", saved.get("pooling", "mean"), now.get("pooling", "mean")),
+        ("max_seq_length", saved.get("max_seq_length"), now.get("max_seq_length")),
+        ("weights", precision(saved.get("backend")), precision(now.get("backend")))) if a != b]
+    if diffs:
+        logger.warning("%s was encoded with another encoder than the one given (%s): queries will not be encoded "
+                       "like its documents and rankings can change; give no encoder to reopen it with its own",
+                       what, "; ".join(diffs))
+
+
 def truncation_summary(token_counts: Sequence[int] | np.ndarray, max_tokens: int) -> dict[str, Any]:
     """How many stored documents reached the model's window, i.e. were truncated when encoded.
 

@@ -216,9 +216,12 @@ def write_versioned(
         previous version is still ``current``. It is an ``OSError`` carrying the original ``errno``.
     """
     root = Path(root)
+    if root.is_symlink() and not root.exists():
+        raise IndexFormatError(f"{root} is a symbolic link to {os.readlink(root)!r}, which does not exist")
     if root.exists() and not root.is_dir():
         raise IndexFormatError(f"{root} exists and is not a folder")
     _check_owned(root)
+    had_save = os.path.lexists(root / CURRENT)
     try:
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root, exclusive=True):
@@ -258,7 +261,8 @@ def write_versioned(
         if isinstance(exc, IndexFormatError):  # pragma: no cover - IndexFormatError is not an OSError
             raise
         raise PersistenceError(
-            exc.errno, f"saving the index to {root} failed: {exc.strerror or exc}; the previous save is intact"
+            exc.errno, f"saving the index to {root} failed: {exc.strerror or exc}; "
+            + ("the previous save is intact" if had_save else "nothing was saved")
         ) from exc
     return version
 

@@ -43,7 +43,7 @@ import numpy as np
 
 from normrank._validation import check_option, check_text
 from normrank.calibration import NormCalibrator
-from normrank.encoders import RawEncoder, encoder_from_settings
+from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
     BackendError,
     DimensionMismatchError,
@@ -361,6 +361,8 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self._column_key = state.column_key
         if self._encoder is None and state.encoder:
             self._encoder = encoder_from_settings(state.encoder, what="the table")
+        elif self._encoder is not None:
+            warn_if_other_encoder(state.encoder, self._encoder, f"the table {self._names.table!r}")
         self._exists = True
 
     def _check_names_free(self, cur: Any) -> None:

@@ -51,7 +51,7 @@ from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
-from normrank.encoders import RawEncoder, encoder_from_settings
+from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
     DuplicateIdError,
     EmptyCorpusError,
@@ -963,6 +963,8 @@ class NormIndex(BlendIndexBase):
             if encoder is None and state.get("encoder"):
                 # the encoder it was saved with: the same backend and pooling, or queries would not match
                 encoder = encoder_from_settings(state["encoder"])
+            elif encoder is not None:
+                warn_if_other_encoder(state.get("encoder"), encoder, f"the index at {path}")
             index = cls(
                 encoder, dim=state["dim"], weights=Weights(**state["weights"]), index_type=state["index_type"],
                 pad_to=state["pad_to"], hnsw_m=state["hnsw_m"], ef_construction=state["ef_construction"],

@@ -98,6 +98,10 @@ def test_search_groups_chunks_by_source(chunked, capsys):
     assert main(["search", str(chunked), "how is bread made", "-k", "1", "--group-by", "source", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert len(res["groups"]) == 1 and len(res["groups"][0]["ids"]) == 1 and len(res["hits"]) == 1
+    # a key no hit has (a typo) is named on stderr, with the keys the hits do have
+    assert main(["search", str(chunked), "how is bread made", "-k", "2", "--group-by", "sourc"]) == 0
+    err = capsys.readouterr().err
+    assert "no hit has the metadata key 'sourc'" in err and "source" in err
 
 
 def test_fit_text_output_and_the_empty_document_message(tmp_path, capsys, encoder):
@@ -178,3 +182,18 @@ def test_eval_shows_progress_while_fitting_unless_asked_not_to(tmp_path, capsys,
     assert "normrank eval: fitting 1/2 on 3 queries" in err and "normrank eval: fitting 2/2 on 3 queries" in err
     assert main(["eval", str(root), "--folds", "2", "--no-progress"]) == 0
     assert "fitting" not in capsys.readouterr().err
+
+
+def test_analyze_counts_only_documents_that_were_cut(tmp_path, capsys, encoder):
+    """Stored counts are capped at the window, so a document of exactly 256 tokens looked cut too
+    (analyze said 109 where index had cut 107); analyze re-tokenises the stored texts at the window."""
+    exact = ("word " * 254).strip()
+    assert encoder.token_counts([exact])[0] == 256 and encoder.count_truncated([exact]) == 0
+    src = tmp_path / "docs.jsonl"
+    rows = [exact, "word " * 400, "word " * 300, *TEXTS]
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(rows)))
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-chunking", "--no-progress"]) == 0
+    assert "2 of" in capsys.readouterr().err  # index's own count: two documents cut
+    assert main(["analyze", str(tmp_path / "idx"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["truncation"]["truncated"] == 2 and report["truncation"]["exact"] is True

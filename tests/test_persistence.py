@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from normrank import IndexFormatError, NormIndex, Weights, persistence
+from normrank import IndexFormatError, NormIndex, RawEncoder, Weights, persistence
 from normrank.doc_columns import COLUMN_FILES
 from normrank.store import FORMAT_VERSION, SAVED_FILES
 from tests.conftest import synthetic
@@ -535,3 +535,35 @@ def test_columns_survive_deletes_saves_and_later_changes(tmp_path):
     hit = loaded.search(queries()[0], 1)[0]
     hit.metadata["tag"] = "changed"  # a hit's metadata is the caller's copy
     assert loaded.get([hit.id])[0].metadata.get("tag") != "changed"
+
+
+def test_loading_with_an_encoder_that_encodes_otherwise_warns(tmp_path, encoder, demo_texts, caplog):
+    """``NormIndex.load(path, encoder=...)`` took any encoder in silence; one that would not encode queries
+    like the documents (other pooling, window or int8 weights) is named, one that would (a batch size,
+    torch's vectors on ONNX Runtime) is not."""
+    import logging
+
+    from normrank.pooling import PooledEncoder
+
+    index = NormIndex.from_texts(demo_texts[:8], encoder=encoder)
+    index.save(tmp_path / "ix")
+    other = [(PooledEncoder(pooling="norm", show_progress=False), "pooling 'mean' -> 'norm'"),
+             (RawEncoder(max_seq_length=128, show_progress=False), "max_seq_length None -> 128")]
+    same = [RawEncoder(batch_size=7, show_progress=False)]
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        other.append((RawEncoder(backend="onnx-int8", show_progress=False), "weights 'float32' -> 'int8'"))
+        same.append(RawEncoder(backend="onnx", show_progress=False))
+    for enc, words in other:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="normrank"):
+            NormIndex.load(tmp_path / "ix", encoder=enc)
+        assert words in caplog.text and "another encoder" in caplog.text
+    for enc in same:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="normrank"):
+            NormIndex.load(tmp_path / "ix", encoder=enc)
+        assert "another encoder" not in caplog.text

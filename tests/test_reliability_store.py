@@ -624,3 +624,24 @@ def test_weights_take_numbers_only_and_numpy_scalars_become_floats():
                              ({"squash": "yes"}, "squash must be True or False")):
         with pytest.raises(InvalidArgumentError, match=message):
             Weights(**options)
+
+
+def test_a_first_save_that_fails_says_nothing_was_saved_and_a_dangling_link_is_named(tmp_path, monkeypatch):
+    """"The previous save is intact" was said when there had never been one; a symbolic link to nowhere
+    gave "[Errno 17] File exists"."""
+    index, _, _ = make(n=40)
+    real_save = np.save
+
+    def full_disk(file, *args, **kwargs):
+        if str(file).endswith("token_counts.npy"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(file, *args, **kwargs)
+
+    monkeypatch.setattr(np, "save", full_disk)
+    with pytest.raises(PersistenceError, match="No space left on device; nothing was saved"):
+        index.save(tmp_path / "first")
+    monkeypatch.undo()
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(IndexFormatError, match="is a symbolic link to .*nowhere.*, which does not exist"):
+        index.save(tmp_path / "link")
+    assert not (tmp_path / "nowhere").exists()

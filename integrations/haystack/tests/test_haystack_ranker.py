@@ -156,6 +156,10 @@ def test_from_config(tmp_path, index):
     assert r2.calibrator == index.calibrator and r2.weights == index.weights
     r3 = NormRankRanker.from_config({"store": {"path": str(tmp_path / "idx")}, "haystack": {"calibration": "candidates"}})
     assert r3.calibrator is None
+    # 'auto' with a store.path that holds nothing (a typo) says so instead of calibrating per call in silence
+    with pytest.warns(UserWarning, match="holds no saved index"):
+        r4 = NormRankRanker.from_config({"store": {"path": str(tmp_path / "idz")}})
+    assert r4.calibrator is None
 
 
 def test_backend_is_serialised_taken_from_a_shared_encoder_and_validated():
