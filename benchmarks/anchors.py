@@ -169,11 +169,7 @@ def markdown(res: dict[str, Any]) -> str:
           "| docs | LangChain stock | langchain_normrank | ratio | LlamaIndex stock | llama_index normrank | ratio |",
           "|---|---|---|---|---|---|---|"]
     for r in res["sizes"]:
-        md = r["median_ms"]
-        a = stock_enc + md["langchain InMemoryVectorStore"]
-        b = nr_enc + md["langchain_normrank NormRankVectorStore"]
-        c = stock_enc + md["llamaindex SimpleVectorStore"]
-        d = nr_enc + md["llama_index normrank NormRankVectorStore"]
+        a, b, c, d = _end_to_end(r["median_ms"], stock_enc, nr_enc)
         L.append(f"| {r['n']:,} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {c:.1f} | {d:.1f} | {c / d:.2f}x |")
     big = res["sizes"][-1]
     store = big["median_ms"]["langchain_normrank NormRankVectorStore"]
@@ -194,13 +190,15 @@ def _onnx_rows(res: dict[str, Any], onnx_enc: float, stock_enc: float) -> list[s
          ("| docs | langchain_normrank, ONNX query | ratio vs LangChain stock | llama_index normrank, ONNX query "
           "| ratio vs LlamaIndex stock |"), "|---|---|---|---|---|"]
     for r in res["sizes"]:
-        md = r["median_ms"]
-        a = stock_enc + md["langchain InMemoryVectorStore"]
-        b = onnx_enc + md["langchain_normrank NormRankVectorStore"]
-        c = stock_enc + md["llamaindex SimpleVectorStore"]
-        d = onnx_enc + md["llama_index normrank NormRankVectorStore"]
+        a, b, c, d = _end_to_end(r["median_ms"], stock_enc, onnx_enc)
         L.append(f"| {r['n']:,} | {b:.1f} | {a / b:.2f}x | {d:.1f} | {c / d:.2f}x |")
     return L
+
+
+def _end_to_end(md: dict[str, float], stock_enc: float, nr_enc: float) -> tuple[float, float, float, float]:
+    """ms per query, encode + store: LangChain stock, langchain_normrank, LlamaIndex stock, llama_index normrank."""
+    return (stock_enc + md["langchain InMemoryVectorStore"], nr_enc + md["langchain_normrank NormRankVectorStore"],
+            stock_enc + md["llamaindex SimpleVectorStore"], nr_enc + md["llama_index normrank NormRankVectorStore"])
 
 
 def main(argv: list[str] | None = None) -> int:

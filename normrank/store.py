@@ -326,6 +326,32 @@ class NormIndex(BlendIndexBase):
             ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
             self._index = ivf
 
+    def _start_empty(self) -> None:
+        """Give a never-filled index its (empty) FAISS index, so that it saves and reloads empty.
+
+        Why: LlamaIndex persists a store before anything is added (``VectorStoreIndex([])`` then
+        ``persist``), and failing there left a half-written storage folder that no longer loaded. The
+        dimension comes from the encoder; the calibration is fitted on the first documents added
+        after a reload, as it would have been.
+
+        Raises
+        ------
+        EmptyCorpusError
+            No encoder (so no dimension yet), or an IVF index, which is trained on its first documents.
+        """
+        if self._dim is None:
+            if self._encoder is None:
+                raise EmptyCorpusError("cannot save an index that never held a document and has no encoder: its "
+                                       "dimension is not known yet")
+            self._dim = int(self._encoder.dim)
+        if self.index_type == "ivf":
+            raise EmptyCorpusError("cannot save an IVF index that never held a document: it is trained on its first "
+                                   "documents; add some first, or use a flat or HNSW index")
+        self._ensure_index(np.zeros((0, self._dim), dtype=np.float32), np.zeros(0), np.zeros(0, dtype=np.int64),
+                           self.calibrator)
+        self._labels = None
+        self._column_key = self._current_column_key()
+
     def _augment(self, unit: np.ndarray, column: np.ndarray, query: bool = False) -> np.ndarray:
         # Documents store column * s and queries column / s: the product (the score) is unchanged, but
         # the document-document inner product that HNSW links and IVF clusters by stays ~cosine
@@ -852,7 +878,7 @@ class NormIndex(BlendIndexBase):
         """Save atomically (FAISS file + JSON + NumPy, never pickle); returns the version folder."""
         with self._lock:
             if self._index is None:
-                raise EmptyCorpusError("cannot save an empty index")
+                self._start_empty()
             # Deleted documents must not reach the file (HNSW kept their vectors): compact first. The
             # searches' answers do not change; for HNSW this rebuilds the graph, once per save after deletes.
             self._compact()

@@ -182,9 +182,20 @@ def test_empty_corpus(encoder, store, tmp_path):
     empty = NormIndex(encoder)
     with pytest.raises(EmptyCorpusError, match="the index is empty: add documents before searching"):
         empty.search(QUERY, 1)
-    with pytest.raises(EmptyCorpusError, match="cannot save an empty index"):
-        empty.save(tmp_path / "never-written")
-    assert len(empty) == 0 and not (tmp_path / "never-written").exists()
+    # never filled: it saves (its dimension from the encoder) and reloads empty, and fills like a new one
+    empty.save(tmp_path / "never-filled")
+    again = NormIndex.load(tmp_path / "never-filled")
+    assert len(again) == 0 and again.dim == 384 and not again.calibrator.is_fitted
+    with pytest.raises(EmptyCorpusError, match="the index is empty"):
+        again.search(QUERY, 1)
+    again.add_texts(["Stars fuse hydrogen.", "Bread rises with yeast."], ids=["s", "b"])
+    assert again.search("what do stars burn", 1)[0].id == "s" and again.calibrator.n_fitted == 2
+    # without an encoder there is no dimension yet; an IVF index trains on its first documents
+    with pytest.raises(EmptyCorpusError, match="no encoder: its dimension is not known yet"):
+        NormIndex().save(tmp_path / "never-written")
+    with pytest.raises(EmptyCorpusError, match="IVF index that never held a document"):
+        NormIndex(encoder, index_type="ivf").save(tmp_path / "never-written")
+    assert not (tmp_path / "never-written").exists()
 
 
 @pytest.mark.parametrize("blank", ["", "   ", "\n\t "])

@@ -473,14 +473,8 @@ def test_a_valid_faiss_file_of_the_wrong_type_is_named(tmp_path, saved_as, repla
         NormIndex.load(tmp_path / "idx")
 
 
-def test_disk_full_during_save_is_named_and_loses_nothing(tmp_path, monkeypatch):
-    root = tmp_path / "idx"
-    index, vecs, counts = make(n=80)
-    index.save(root)
-    saved = observable(NormIndex.load(root))
-    index.add_vectors(vecs[:5] * 1.01, counts[:5], ids=[f"new{i}" for i in range(5)])
-    index.delete(["d2"])
-    in_memory = observable(index)
+def _fill_the_disk_at_token_counts(monkeypatch) -> None:
+    """The one stand-in: writing token_counts.npy fails with ENOSPC, as on a full disk."""
     real_save = np.save
 
     def full_disk(file, *args, **kwargs):
@@ -489,6 +483,17 @@ def test_disk_full_during_save_is_named_and_loses_nothing(tmp_path, monkeypatch)
         return real_save(file, *args, **kwargs)
 
     monkeypatch.setattr(np, "save", full_disk)
+
+
+def test_disk_full_during_save_is_named_and_loses_nothing(tmp_path, monkeypatch):
+    root = tmp_path / "idx"
+    index, vecs, counts = make(n=80)
+    index.save(root)
+    saved = observable(NormIndex.load(root))
+    index.add_vectors(vecs[:5] * 1.01, counts[:5], ids=[f"new{i}" for i in range(5)])
+    index.delete(["d2"])
+    in_memory = observable(index)
+    _fill_the_disk_at_token_counts(monkeypatch)
     with pytest.raises(PersistenceError, match=r"saving the index to .* failed: No space left on device; the "
                                                r"previous save is intact") as info:
         index.save(root)
@@ -630,14 +635,7 @@ def test_a_first_save_that_fails_says_nothing_was_saved_and_a_dangling_link_is_n
     """"The previous save is intact" was said when there had never been one; a symbolic link to nowhere
     gave "[Errno 17] File exists"."""
     index, _, _ = make(n=40)
-    real_save = np.save
-
-    def full_disk(file, *args, **kwargs):
-        if str(file).endswith("token_counts.npy"):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(file, *args, **kwargs)
-
-    monkeypatch.setattr(np, "save", full_disk)
+    _fill_the_disk_at_token_counts(monkeypatch)
     with pytest.raises(PersistenceError, match="No space left on device; nothing was saved"):
         index.save(tmp_path / "first")
     monkeypatch.undo()

@@ -88,7 +88,7 @@ def test_padding_from_yaml_null_is_the_index_types_default(tmp_path) -> None:
     from normrank.config import build_index
 
     for index_type, pad_line, width in (("flat", "pad_to: null", 56), ("hnsw", "pad_to: null", 49),
-                                        ("hnsw", "index_type: hnsw", 49), ("hnsw", "pad_to: 8", 56)):
+                                        ("hnsw", "ef_search: 64", 49), ("hnsw", "pad_to: 8", 56)):
         cfg = tmp_path / "normrank.yaml"
         cfg.write_text(f"store:\n  index_type: {index_type}\n  {pad_line}\n")
         index = build_index(cfg)

@@ -666,8 +666,9 @@ class NormRankVectorStore(VectorStore):
         """Save to ``folder_path`` through normrank's atomic, checksummed format (no pickle).
 
         Returns the version folder written. A pgvector store lives in PostgreSQL and has nothing to
-        save locally (``InvalidArgumentError``); a store that never held a document cannot be saved
-        (``EmptyCorpusError``: its dimension is not known yet); one emptied by deletes saves and reloads empty.
+        save locally (``InvalidArgumentError``); an empty store saves and reloads empty, except one that never
+        held a document and embeds with other ``Embeddings`` than normrank's (``EmptyCorpusError``: its
+        dimension is not known yet).
         """
         if not isinstance(self.index, NormIndex):
             raise InvalidArgumentError(

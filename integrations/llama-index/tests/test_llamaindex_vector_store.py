@@ -622,3 +622,20 @@ def test_nan_metadata_on_a_node_is_named_and_nothing_is_stored(encoder, embed, d
     with pytest.raises(InvalidMetadataError, match=rf"node {bad[1].node_id!r} metadata\['x'\] is nan"):
         store.add(bad)
     assert len(store.index) == 3
+
+
+def test_a_never_filled_store_persists_reloads_and_fills(encoder, embed, docs, tmp_path):
+    """``VectorStoreIndex([])`` then ``persist`` raised EmptyCorpusError after LlamaIndex had written its
+    own files, leaving a folder that no longer loaded; it now persists empty and fills after a reload."""
+    store = NormRankVectorStore(encoder=encoder, weights=BLEND)
+    index = VectorStoreIndex([], storage_context=StorageContext.from_defaults(vector_store=store), embed_model=embed)
+    index.storage_context.persist(tmp_path)
+    loaded = NormRankVectorStore.from_persist_dir(tmp_path, allow_empty=True)
+    assert len(loaded.index) == 0 and loaded.index.weights == BLEND
+    again = load_index_from_storage(StorageContext.from_defaults(vector_store=loaded, persist_dir=tmp_path),
+                                    embed_model=embed)
+    assert again.as_retriever(similarity_top_k=2).retrieve(QUERIES[0]) == []
+    for d in docs[:6]:
+        again.insert(d)
+    top = again.as_retriever(similarity_top_k=1).retrieve(docs[2].text)[0]
+    assert top.node.ref_doc_id == docs[2].doc_id and len(loaded.index) == 6

@@ -527,7 +527,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         Raises
         ------
         EmptyCorpusError
-            The store is empty (normrank saves no empty index).
+            The store never held a node and has no dimension yet (no encoder), or is an IVF index
+            that never held one (it trains on its first nodes). An empty store with an encoder
+            saves, and reloads empty.
         """
         _check_fs(fs)
         save = getattr(self._index, "save", None)
