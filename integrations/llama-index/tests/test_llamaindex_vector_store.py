@@ -621,6 +621,12 @@ def test_nan_metadata_on_a_node_is_named_and_nothing_is_stored(encoder, embed, d
     bad[1].metadata["x"] = float("nan")
     with pytest.raises(InvalidMetadataError, match=rf"node {bad[1].node_id!r} metadata\['x'\] is nan"):
         store.add(bad)
+    # a lone surrogate in a node's text or a metadata key is named by node id too, not as "text 0"
+    from normrank.errors import InvalidTextError
+
+    for node in (TextNode(id_="n1", text="bad \udcff text"), TextNode(id_="n2", text="fine", metadata={"k\udcff": 1})):
+        with pytest.raises(InvalidTextError, match=f"node '{node.node_id}' (text|metadata key)"):
+            store.add([node])
     assert len(store.index) == 3
 
 

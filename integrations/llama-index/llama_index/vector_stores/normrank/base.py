@@ -65,7 +65,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from normrank._validation import MAX_METADATA_BYTES, check_metadata
+from normrank._validation import MAX_METADATA_BYTES, check_metadata, check_text
 from normrank.encoders import RawEncoder
 from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError
 from normrank.scoring import Hit
@@ -367,7 +367,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
             meta = node_to_metadata_dict(n, remove_text=True, flat_metadata=False)
             meta[NODE_ID_KEY] = n.node_id
             ids.append(n.node_id)
-            texts.append(n.get_content(metadata_mode=MetadataMode.NONE))
+            texts.append(check_text(n.get_content(metadata_mode=MetadataMode.NONE), f"node {n.node_id!r} text"))
             metas.append(meta)
             embed_texts.append(embed_text)
         encoder = self._index.encoder
