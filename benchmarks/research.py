@@ -742,7 +742,7 @@ NOTES = """## Conclusions (read first)
 collections, from the default fitted configuration. That configuration (`NormIndex.fit` /
 `fitting.fit_candidates` with its never-harm gate) gives **+0.0000 on scifact, -0.0002 on cranfield
 (p = 0.81; 1 fold of 5 accepted a blend) and +0.0000 on cisi**: -0.0001 on average, and no collection is
-worse. The real `NormIndex.fit` followed by exact `NormIndex.search` gives the same numbers (section 6).
+significantly worse. The real `NormIndex.fit` followed by exact `NormIndex.search` gives the same numbers (section 6).
 The default is unchanged. Of the library configurations tried (section 2), only it and the "all three
 modes" variant lose nothing anywhere, and none of the alternatives below shows a gain that holds up out
 of sample.

@@ -12,6 +12,7 @@ from typing import Any
 
 from normrank.errors import (
     BackendError,
+    ConcurrentUpdateError,
     ConfigError,
     DatasetError,
     DimensionMismatchError,
@@ -70,6 +71,7 @@ __all__ = [
     "__version__",
     *_LAZY,
     "BackendError",
+    "ConcurrentUpdateError",
     "ConfigError",
     "DatasetError",
     "DimensionMismatchError",

@@ -427,7 +427,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if args.config:
         f = load_config(args.config).fit
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
-                      modes=f.modes)
+                      modes=f.modes, seed=f.seed)
     empty = [q for q in qrels if q in queries and not queries[q].strip()]
     if empty:
         raise DatasetError(f"{len(empty)} judged queries have empty text, e.g. {empty[:3]}")
@@ -521,7 +521,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if config is not None:
         f = config.fit
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
-                      modes=f.modes)
+                      modes=f.modes, seed=f.seed)
     models = [_model_arg(m) for m in args.model] if args.model else [config.encoder.model if config else None]
     if config is not None:
         _set_backend(config, args.backend)
@@ -640,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
     p.add_argument("--queries", required=True, help="queries.jsonl[.gz] with _id and text")
     p.add_argument("--qrels", required=True, help="qrels TSV: query-id, corpus-id, score (BEIR layout)")
-    p.add_argument("--config", help="normrank.yaml whose `fit` section sets folds, alpha, grid features, modes")
+    p.add_argument("--config", help="normrank.yaml whose `fit` section sets folds, alpha, min_gain, depth, features, modes and seed")
     p.add_argument("--allow-missing-docs", action="store_true",
                    help="keep qrels documents absent from the index (e.g. skipped empty ones) as unretrievable")
     p.add_argument("--json", action="store_true", help="print the fit report as JSON")

@@ -144,7 +144,8 @@ class FitConfig(_Section):
     folds: int = Field(5, ge=2)
     alpha: float = Field(0.05, gt=0, lt=1)
     min_gain: float = Field(0.0, ge=0)
-    depth: int = Field(100, gt=0)
+    depth: int = Field(100, ge=10, description="Cosine candidates per labelled query (nDCG@10 needs at least 10).")
+    seed: int = Field(0, ge=0, description="Seed of the cross-validation folds.")
     features: list[Literal["calibrated", "raw"]] = Field(default_factory=lambda: ["calibrated", "raw"], min_length=1)
     modes: list[Literal["additive", "multiplicative", "tiebreak"]] = Field(default_factory=lambda: ["additive"],
                                                                          min_length=1)

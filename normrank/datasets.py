@@ -173,10 +173,32 @@ def available_splits(path: str | os.PathLike[str]) -> list[str]:
     return sorted(p.stem for p in q.glob("*.tsv")) if q.is_dir() else []
 
 
+def qrels_grade(text: str, path: Path, no: int) -> int:
+    """A qrels grade: a whole number ("1", "2.0"). ``int(float())`` turned 0.7 into 0, so a query judged
+    that way silently had no relevant document."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a number") from None
+    if not value.is_integer():
+        raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a whole number (qrels grades are 0, 1, 2, ...)")
+    return int(value)
+
+
+def add_judgment(qrels: dict[str, dict[str, int]], seen: dict[tuple[str, str], int], q: str, d: str, grade: int,
+                 path: Path, no: int) -> None:
+    """Record one judgment; a pair judged twice is named (the last one silently won)."""
+    if (q, d) in seen:
+        raise DatasetError(f"{path}:{no} judges query {q!r} and document {d!r} again (first on line {seen[q, d]})")
+    seen[q, d] = no
+    qrels.setdefault(q, {})[d] = grade
+
+
 def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise DatasetError(f"no qrels file {path}")
     qrels: dict[str, dict[str, int]] = {}
+    seen: dict[tuple[str, str], int] = {}
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -187,11 +209,7 @@ def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str])
         if len(row) < 3:
             raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score")
         q, d, s = row[0].strip(), row[1].strip(), row[2].strip()
-        try:
-            score = int(float(s))
-        except ValueError:
-            raise DatasetError(f"{path}:{no}: score {s[:40]!r} is not a number") from None
-        qrels.setdefault(q, {})[d] = score
+        add_judgment(qrels, seen, q, d, qrels_grade(s, path, no), path, no)
     bad_q = [q for q in qrels if q not in queries]
     bad_d = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
     if bad_q or bad_d:

@@ -89,3 +89,8 @@ class PersistenceError(NormRankError, OSError):
 
 class MissingExtraError(NormRankError, ImportError):
     """An optional feature needs a package of an extra that is not installed (the message names the extra)."""
+
+
+class ConcurrentUpdateError(NormRankError, RuntimeError):
+    """Another thread or process changed what an operation was computed from (a fit's weights or document
+    calibration) before it could publish; nothing was published, and running it again is safe."""

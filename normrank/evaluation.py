@@ -32,10 +32,10 @@ import numpy as np
 from scipy import stats
 
 from normrank.cache import encode_cached
-from normrank.datasets import available_splits, load_beir, load_qrels
+from normrank.datasets import add_judgment, available_splits, load_beir, load_qrels, qrels_grade
 from normrank.encoders import RawEncoder
 from normrank.errors import DatasetError, EmptyCorpusError, InvalidArgumentError, MissingExtraError
-from normrank.fitting import check_qrels, fit_candidates
+from normrank.fitting import check_fit_kwargs, check_qrels, fit_candidates
 from normrank.metrics import has_relevant, per_query
 from normrank.scoring import Weights
 from normrank.store import NormIndex
@@ -89,11 +89,13 @@ def choose_protocol(path: str | os.PathLike[str], split: str | None = None, trai
             raise DatasetError(f"{path} has no test split; choose one with --split from {splits}")
     if split not in splits:
         raise DatasetError(f"{path} has no qrels/{split}.tsv; available splits: {splits}")
+    from normrank._validation import check_option
+
+    seed = check_option("seed", seed)  # -1 passed here and failed late inside NumPy, unnamed
     if train_split is not None and folds is not None:
         raise InvalidArgumentError("give either a train split or a number of folds, not both")
     if folds is not None:
-        if folds < 2:
-            raise InvalidArgumentError(f"folds must be >= 2, got {folds}")
+        folds = check_option("folds", folds)  # 2.5 ran 2 folds under the label "2.5-fold"
         return Protocol(split, folds=folds, seed=seed)
     if train_split is not None:
         if train_split not in splits:
@@ -166,6 +168,7 @@ def read_qrels(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
     if not path.is_file():
         raise DatasetError(f"no qrels file {path}")
     qrels: dict[str, dict[str, int]] = {}
+    seen: dict[tuple[str, str], int] = {}
     with open(path, encoding="utf-8") as fh:
         for no, line in enumerate(fh, 1):
             row = line.split()
@@ -175,11 +178,7 @@ def read_qrels(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
                 row = [row[0], row[2], row[3]]
             if len(row) != 3:
                 raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {len(row)} fields")
-            try:
-                score = int(float(row[2]))
-            except ValueError:
-                raise DatasetError(f"{path}:{no}: score {row[2]!r} is not a number") from None
-            qrels.setdefault(row[0], {})[row[1]] = score
+            add_judgment(qrels, seen, row[0], row[1], qrels_grade(row[2], path, no), path, no)
     if not qrels:
         raise DatasetError(f"{path} holds no judgments")
     return qrels
@@ -404,6 +403,7 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
         Every document is empty, or there are too few judged queries to fit.
     """
     require_bm25s()  # before minutes of encoding, not after
+    fit_kwargs = check_fit_kwargs(fit_kwargs or {}, depth=True)  # a misspelt option is named before any encoding
     protocol = choose_protocol(path, split, train_split, folds, seed)
     splits = [protocol.split] + ([protocol.train_split] if protocol.train_split else [])
     coll = load_collection(path, splits, encoder, show_progress=show_progress)

@@ -26,9 +26,15 @@ import numpy as np
 from scipy import stats
 
 from normrank._validation import check_option
-from normrank.calibration import FEATURES, NormCalibrator
+from normrank.calibration import FEATURES
 from normrank.candidate_set import CandidateSet
-from normrank.errors import EmptyCorpusError, InvalidArgumentError, UnknownIdError
+from normrank.errors import (
+    EmptyCorpusError,
+    EmptyTextError,
+    InvalidArgumentError,
+    UnknownIdError,
+)
+from normrank.index_base import fit_query_calibration
 from normrank.metrics import has_relevant, per_query
 from normrank.scoring import MODES, Weights, blend
 
@@ -107,10 +113,15 @@ def select(matrix: np.ndarray, train: np.ndarray, grid: Sequence[Weights]) -> in
     return int(np.flatnonzero(means >= means.max() - 1e-12)[0])
 
 
+def folds_used(folds: int, n_queries: int) -> int:
+    """The folds a cross-validation over ``n_queries`` runs: at most one per query, at least 2."""
+    return max(2, min(folds, n_queries))
+
+
 def cross_validated_choice(matrix: np.ndarray, grid: Sequence[Weights], folds: int, seed: int) -> np.ndarray:
     """Out-of-fold nDCG per query: each fold scored with the blend chosen on the other folds."""
     nq = matrix.shape[1]
-    folds = max(2, min(folds, nq))
+    folds = folds_used(folds, nq)
     order = np.random.default_rng(seed).permutation(nq)
     oof = np.zeros(nq)
     for f in range(folds):
@@ -144,6 +155,9 @@ def fit_candidates(
     folds, alpha, min_gain, seed = opts["folds"], opts["alpha"], opts["min_gain"], opts["seed"]
     if not qids:
         raise EmptyCorpusError("no labelled queries to fit on")
+    if len(qids) < 2:  # cross-validation holds queries out: one query leaves nothing to choose a blend on
+        raise InvalidArgumentError(f"a fit needs at least 2 labelled queries with a relevant document, got "
+                                   f"{len(qids)}; label more queries (normrank keeps plain cosine until then)")
     if not cands.query_features:  # no query token counts: the query-conditioned part cannot be fitted
         grid_b = (0.0,)
     grid = _grid(features, modes, grid_a, grid_b, epsilons, base or Weights())
@@ -171,7 +185,8 @@ def fit_candidates(
         weights=chosen, accepted=accepted, reason=reason, n_queries=len(qids),
         cosine_ndcg=float(base_scores.mean()), best_train_ndcg=float(matrix[best].mean()),
         best_candidate=grid[best].to_dict(),
-        cv_blend_ndcg=float(oof.mean()), cv_gain=gain, p_value=p, folds=folds, grid_size=len(grid),
+        cv_blend_ndcg=float(oof.mean()), cv_gain=gain, p_value=p, folds=folds_used(folds, len(qids)),
+        grid_size=len(grid),
         per_query_gain=dict(zip(qids, delta.tolist())),
     )
 
@@ -217,18 +232,44 @@ def check_fit_options(**options: Any) -> dict[str, Any]:
             out[name] = _numbers(name, value)
         elif name in ("folds", "alpha", "min_gain", "seed", "depth"):
             out[name] = check_option(name, value)
+            if name == "alpha" and not 0.0 < out[name] < 1.0:  # 0 would make every fit keep cosine, in silence
+                raise InvalidArgumentError(f"alpha must be a significance level strictly between 0 and 1, got {value!r}")
+            if name == "depth" and out[name] < FIT_MIN_DEPTH:
+                raise InvalidArgumentError(f"depth must be at least {FIT_MIN_DEPTH} for a fit (nDCG@10 over fewer "
+                                           f"candidates misreports every blend), got {value!r}")
         else:
             out[name] = value
     return out
 
 
+def check_fit_kwargs(kwargs: Mapping[str, Any], *, depth: bool = False) -> dict[str, Any]:
+    """Options for :func:`fit_candidates` (and ``depth`` where the caller takes it), checked and normalised;
+    an unknown name is an ``InvalidArgumentError`` listing the allowed ones, not a ``TypeError``."""
+    allowed = set(inspect.signature(fit_candidates).parameters) - {"cands", "qids", "qrels", "base"}
+    allowed |= {"depth"} if depth else set()
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        raise InvalidArgumentError(f"unknown fit options {unknown}; allowed: {sorted(allowed)}")
+    return check_fit_options(**kwargs)
+
+
+#: Fewest cosine candidates per query a fit scores: nDCG@10 is computed over them.
+FIT_MIN_DEPTH = 10
+
+
 def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, str], doc_ids: set[str] | None,
                 missing_ok: Iterable[str] = ()) -> None:
-    """Name qrels entries that point at unknown queries or documents.
+    """Name qrels entries that point at unknown queries or documents, or whose grade is not a whole number
+    (``int()`` turned 0.5 into 0, so a query judged that way silently had no relevant document).
 
     ``missing_ok`` lists documents known to be absent on purpose (e.g. empty texts that were
     skipped): they stay in the qrels, so metrics still count them as missed.
     """
+    bad = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()
+           if isinstance(g, (bool, np.bool_)) or not isinstance(g, (int, np.integer))]
+    if bad:
+        raise InvalidArgumentError(f"qrels grades must be whole numbers (0 = not relevant); query {bad[0][0]!r}, "
+                                   f"document {bad[0][1]!r} has {bad[0][2]!r}")
     unknown_q = [q for q in qrels if q not in queries]
     if unknown_q:
         raise UnknownIdError(f"qrels name {len(unknown_q)} unknown query ids, e.g. {unknown_q[:3]}")
@@ -237,6 +278,16 @@ def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, st
         unknown_d = sorted({d for docs in qrels.values() for d in docs if d not in doc_ids and d not in allowed})
         if unknown_d:
             raise UnknownIdError(f"qrels name {len(unknown_d)} document ids not in the index, e.g. {unknown_d[:3]}")
+
+
+def fit_basis(index: Any) -> tuple[Weights, dict[str, Any]]:
+    """What a fit is computed from: the weights (their feature, mode, clip) and the document calibration.
+
+    ``_publish_fit`` compares them again under the lock: a ``set_weights`` or ``recalibrate`` from another
+    thread or process while the fit ran was silently undone by the fit's weights (2 of 10 trials on FAISS,
+    8 of 10 on pgvector); now the fit refuses to publish (:class:`~normrank.errors.ConcurrentUpdateError`).
+    """
+    return index.weights, index.calibrator.to_dict()
 
 
 def fit_index(index: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], *,
@@ -251,25 +302,25 @@ def fit_index(index: Any, queries: Mapping[str, str], qrels: Mapping[str, Mappin
     the state before or after the fit, never a mix; a failed fit changes nothing. With
     ``apply=False`` the index is left as it was and only the report is returned.
     """
-    allowed = sorted(set(inspect.signature(fit_candidates).parameters) - {"cands", "qids", "qrels", "base"})
-    unknown = sorted(set(kwargs) - set(allowed))
-    if unknown:
-        raise InvalidArgumentError(f"unknown fit options {unknown}; allowed: {allowed}")
-    kwargs = check_fit_options(**kwargs)
-    depth = check_option("depth", depth)
+    kwargs = check_fit_kwargs(kwargs)
+    depth = check_fit_options(depth=depth)["depth"]
     check_qrels(qrels, queries, set(index.ids()), missing_ok)
     qids = [q for q in has_relevant(qrels)]
     if not qids:
         raise EmptyCorpusError("no query in the qrels has a relevant document")
+    blank = [q for q in qids if not isinstance(queries[q], str) or not queries[q].strip()]
+    if blank:  # named by query id, not by position in the batch
+        raise EmptyTextError(f"{len(blank)} labelled queries have no text to encode, e.g. {blank[:3]}")
     vectors, counts = index.encoder.encode_with_counts([queries[q] for q in qids])
     qnorms = np.linalg.norm(np.asarray(vectors, dtype=np.float64), axis=1)
-    query_calibrator = NormCalibrator().fit(qnorms, counts) if calibrate_queries else None
-    base = index.weights.replace(a=0.0, b=0.0)
+    query_calibrator = fit_query_calibration(qnorms, counts) if calibrate_queries else None
+    started = fit_basis(index)  # what the candidates are computed from; checked again when publishing
+    base = started[0].replace(a=0.0, b=0.0)
     cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
     if query_calibrator is not None:  # the features under the calibration this fit will publish
         cands.query_features = {f: query_calibrator.transform(qnorms, counts, f) for f in FEATURES}
     report = fit_candidates(cands, qids, qrels, base=base, **kwargs)
     if apply:
-        index._publish_fit(report.weights, query_calibrator)
+        index._publish_fit(report.weights, query_calibrator, started)
     logger.info("fit: %s", report.reason)
     return report

@@ -28,6 +28,7 @@ from normrank._validation import (
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
+    ConcurrentUpdateError,
     DimensionMismatchError,
     DuplicateIdError,
     EmptyCorpusError,
@@ -82,6 +83,47 @@ def _check_k(k: Any) -> int:
 #: of norms is noise (a store filled one node at a time kept a one-document fit, and its blend went
 #: flat), and refitting that few costs nothing. From there on it is refitted each time the corpus doubles.
 SMALL_CALIBRATION = 40
+
+
+#: Below this many queries a query calibration is noise (3 queries put the features near -33): warned.
+FEW_QUERIES = 10
+
+
+def query_calibration(index: Any, queries: Sequence[str] | None, norms: np.ndarray | None,
+                      token_counts: np.ndarray | None) -> NormCalibrator:
+    """The query calibration ``calibrate_queries`` publishes: from query texts, or from their norms and
+    token counts given together. A single string is refused (it was fitted as one query per character)."""
+    if isinstance(queries, str):
+        raise InvalidArgumentError("calibrate_queries takes a list of query texts, got a single string")
+    if (norms is None) != (token_counts is None):
+        raise InvalidArgumentError("give norms and token_counts together (or neither, and query texts)")
+    if norms is not None and queries:
+        raise InvalidArgumentError("give query texts or their norms and token counts, not both")
+    if norms is None:
+        if not queries:
+            raise EmptyCorpusError("no queries to calibrate on")
+        vecs, token_counts = index.encoder.encode_with_counts(list(queries))
+        norms = np.linalg.norm(as_matrix(vecs, index._dim).astype(np.float64), axis=1)
+    return fit_query_calibration(norms, token_counts)
+
+
+def fit_query_calibration(norms: np.ndarray, token_counts: np.ndarray) -> NormCalibrator:
+    """A query calibration fitted on these queries, with a warning when they are too few to mean much."""
+    cal = NormCalibrator().fit(norms, token_counts)
+    if cal.n_fitted < FEW_QUERIES:
+        logger.warning("the query calibration is fitted on %d queries: its features are noise below %d; calibrate on "
+                       "more representative queries", cal.n_fitted, FEW_QUERIES)
+    return cal
+
+
+def check_fit_basis(started: tuple[Weights, dict[str, Any]] | None, now: tuple[Weights, dict[str, Any]]) -> None:
+    """Refuse to publish a fit computed from weights or a document calibration that have changed since."""
+    if started is None or started == now:
+        return
+    what = "weights" if started[0] != now[0] else "document calibration"
+    raise ConcurrentUpdateError(f"the index's {what} changed while fit() ran (set_weights or recalibrate from another "
+                                "thread or process); the fit was computed from the old ones, so nothing was published: "
+                                "run fit() again")
 
 
 def needs_recalibration(auto: bool, count: int, n_fitted: int) -> bool:
@@ -238,14 +280,17 @@ class BlendIndexBase:
         vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
         return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
 
-    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None) -> None:
+    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None,
+                     started: tuple[Weights, dict[str, Any]] | None = None) -> None:
         """Make a fit's weights and query calibration live together, or neither (called by ``fit``).
 
         Both change under the store's lock, which every search holds for its whole run, so a
         search sees the state before the fit or after it, never the new query calibration with
-        the old weights. On failure the previous weights and calibration stay.
+        the old weights. On failure the previous weights and calibration stay. ``started`` is what
+        the fit was computed from (``fitting.fit_basis``): if it changed meanwhile, nothing is published.
         """
         with self._lock:  # type: ignore[attr-defined]
+            check_fit_basis(started, (self._weights, self.calibrator.to_dict()))
             old = self.query_calibrator
             if query_calibrator is not None:
                 self.query_calibrator = query_calibrator

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from normrank._validation import as_matrix
 from normrank.calibration import NormCalibrator
 from normrank.errors import (
     DimensionMismatchError,
@@ -24,7 +23,12 @@ from normrank.errors import (
     InvalidArgumentError,
     UnknownIdError,
 )
-from normrank.index_base import _check_ids, needs_recalibration
+from normrank.index_base import (
+    _check_ids,
+    check_fit_basis,
+    needs_recalibration,
+    query_calibration,
+)
 from normrank.pg_sql import TableNames, create_tables_sql, hnsw_index_sql
 from normrank.pg_state import (
     COLUMN_SCALE,
@@ -200,12 +204,14 @@ class PgWriteMixin:
         """Change the blend for every process using the table; the norm column is rewritten only if needed."""
         self._publish(weights=weights)
 
-    def _publish(self, *, weights: Weights | None = None, query_calibrator: NormCalibrator | None = None) -> None:
+    def _publish(self, *, weights: Weights | None = None, query_calibrator: NormCalibrator | None = None,
+                 started: tuple[Weights, dict[str, Any]] | None = None) -> None:
         """New weights and/or query calibration in one transaction: readers see all of it or none."""
         if weights is not None and not isinstance(weights, Weights):
             raise InvalidArgumentError(f"set_weights takes a normrank.Weights, got {type(weights).__name__}")
 
         def body(cur: Any) -> None:
+            check_fit_basis(started, (self._weights, self.calibrator.to_dict()))  # the state as just re-read
             if query_calibrator is not None:
                 self.query_calibrator = query_calibrator
             if weights is not None:
@@ -255,18 +261,9 @@ class PgWriteMixin:
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
                           token_counts: np.ndarray | None = None) -> NormCalibrator:
         """Fit the query calibration on representative queries (or their norms and counts); stored in the table."""
-        cal = self._query_calibration(queries, norms, token_counts)
+        cal = query_calibration(self, queries, norms, token_counts)
         self._publish(query_calibrator=cal)
         return cal
-
-    def _query_calibration(self, queries: Sequence[str] | None, norms: np.ndarray | None,
-                           token_counts: np.ndarray | None) -> NormCalibrator:
-        if norms is None or token_counts is None:
-            if not queries:
-                raise EmptyCorpusError("no queries to calibrate on")
-            vecs, token_counts = self.encoder.encode_with_counts(list(queries))
-            norms = np.linalg.norm(as_matrix(vecs, self._dim).astype(np.float64), axis=1)
-        return NormCalibrator().fit(norms, token_counts)
 
     def drop(self) -> None:
         """Drop the document and state tables (irreversible); the object becomes an empty index."""
@@ -286,10 +283,13 @@ class PgWriteMixin:
 
         return fit_index(self, queries, qrels, **kwargs)
 
-    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None) -> None:
+    def _publish_fit(self, weights: Weights, query_calibrator: NormCalibrator | None,
+                     started: tuple[Weights, dict[str, Any]] | None = None) -> None:
         """A fit's weights and query calibration go live in one transaction (called by ``fit_index``):
-        other connections see the state before the fit or after it, never one without the other."""
-        self._publish(weights=weights, query_calibrator=query_calibrator)
+        other connections see the state before the fit or after it, never one without the other. If the
+        weights or the calibration the fit started from changed meanwhile (another connection's
+        ``set_weights``), nothing is published (``ConcurrentUpdateError``)."""
+        self._publish(weights=weights, query_calibrator=query_calibrator, started=started)
 
 
 __all__ = ["PgWriteMixin"]

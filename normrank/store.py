@@ -44,7 +44,6 @@ import numpy as np
 
 from normrank import huge_pages
 from normrank._validation import (
-    as_matrix,
     check_option,
 )
 from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
@@ -73,6 +72,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _check_unit,
     _match,
     needs_recalibration,
+    query_calibration,
 )
 from normrank.persistence import (
     open_nofollow,
@@ -462,14 +462,10 @@ class NormIndex(BlendIndexBase):
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
                           token_counts: np.ndarray | None = None) -> NormCalibrator:
         """Fit the query calibration on representative query texts (or their norms and counts)."""
-        if norms is None or token_counts is None:
-            if not queries:
-                raise EmptyCorpusError("no queries to calibrate on")
-            vecs, token_counts = self.encoder.encode_with_counts(list(queries))
-            norms = np.linalg.norm(as_matrix(vecs, self._dim).astype(np.float64), axis=1)
+        cal = query_calibration(self, queries, norms, token_counts)
         with self._lock:
-            self.query_calibrator = NormCalibrator().fit(norms, token_counts)
-            return self.query_calibrator
+            self.query_calibrator = cal
+            return cal
 
     def _rebuild(self) -> None:
         live = self._docs.live()

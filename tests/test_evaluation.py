@@ -50,8 +50,14 @@ def test_protocol_errors_name_the_problem(tmp_path):
         choose_protocol(folder, split="dev")
     with pytest.raises(InvalidArgumentError, match="both 'test'"):
         choose_protocol(folder, train_split="test")
-    with pytest.raises(InvalidArgumentError, match="folds must be >= 2"):
+    with pytest.raises(InvalidArgumentError, match=r"folds must be in \[2, 1000\], got 1"):
         choose_protocol(folder, folds=1)
+    # 2.5 ran 2 folds under the label "2.5-fold"; -1 failed late inside NumPy, unnamed
+    with pytest.raises(InvalidArgumentError, match="folds must be an integer"):
+        choose_protocol(folder.parent / folder.name, split="test", folds=2.5)
+    for seed in (-1, 1.5):
+        with pytest.raises(InvalidArgumentError, match="seed must be"):
+            choose_protocol(folder, split="test", folds=3, seed=seed)
     with pytest.raises(DatasetError, match="no such folder"):
         choose_protocol(tmp_path / "missing")
 
@@ -81,6 +87,22 @@ def test_read_qrels_names_the_bad_line(tmp_path):
         read_qrels(bad)
     with pytest.raises(DatasetError, match="no qrels file"):
         read_qrels(tmp_path / "none.tsv")
+    # a fractional grade became 0 in silence, and a pair judged twice kept the last grade
+    bad.write_text("q1\td1\t1\nq1\td2\t0.7\n")
+    with pytest.raises(DatasetError, match=r"q\.tsv:2: score '0\.7' is not a whole number"):
+        read_qrels(bad)
+    bad.write_text("q1\td1\t1\nq1\td2\t2.0\nq1\td1\t0\n")
+    with pytest.raises(DatasetError, match=r"q\.tsv:3 judges query 'q1' and document 'd1' again \(first on line 1\)"):
+        read_qrels(bad)
+    bad.write_text("q1\td1\t1\nq1\td2\t2.0\n")
+    assert read_qrels(bad) == {"q1": {"d1": 1, "d2": 2}}
+
+
+def test_evaluate_names_an_unknown_fit_option_before_any_work(tmp_path):
+    from normrank.evaluation import evaluate
+
+    with pytest.raises(InvalidArgumentError, match=r"unknown fit options \['fold'\]"):
+        evaluate(_beir(tmp_path), fit_kwargs={"fold": 3})
 
 
 # ------------------------------------------------------------------ pure helpers

@@ -86,3 +86,111 @@ def test_qrels_with_unknown_ids_are_named(demo_encoded, encoder):
     with pytest.raises(UnknownIdError, match="unknown query ids"):
         index.fit({"q1": "stars"}, {"q2": {"d1": 1}})
     assert index.weights == Weights()
+
+
+def _demo_fit_data():
+    from normrank.datasets import demo_qrels, demo_rows
+
+    rows = demo_rows()
+    return ([r["_id"] for r in rows], [r["text"] for r in rows],
+            {r["_id"]: r["text"] for r in demo_rows("demo_queries.jsonl")}, demo_qrels())
+
+
+CHANGED = Weights(a=0.07, feature="raw", mode="tiebreak", clip=2.0)
+
+
+def _change_midway(fitter, change) -> None:
+    """Run ``change()`` right after the fit has computed its candidates, as another thread would."""
+    real = fitter.cosine_candidates
+
+    def candidates_then_change(*args, **kwargs):
+        out = real(*args, **kwargs)
+        change()
+        return out
+
+    fitter.cosine_candidates = candidates_then_change
+
+
+@pytest.mark.parametrize("change", ["set_weights", "recalibrate"])
+def test_a_fit_does_not_undo_a_change_made_while_it_ran(demo_encoded, encoder, change):
+    """``fit`` read the weights, fitted, and published weights built on the old ones: a ``set_weights``
+    from another thread meanwhile was silently undone. It now refuses to publish, by name."""
+    from normrank.errors import ConcurrentUpdateError
+
+    ids, texts, queries, qrels = _demo_fit_data()
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts, ids=ids, texts=texts)
+    before_q = index.query_calibrator
+    if change == "set_weights":
+        _change_midway(index, lambda: index.set_weights(CHANGED))
+    else:
+        index.add_vectors(vecs[:3] * 1.3, counts[:3], ids=["x1", "x2", "x3"])  # the calibration predates these
+        _change_midway(index, index.recalibrate)
+    want_weights = CHANGED if change == "set_weights" else Weights()
+    with pytest.raises(ConcurrentUpdateError, match="changed while fit"):
+        index.fit(queries, qrels)
+    assert index.weights == want_weights and index.query_calibrator is before_q  # the change stands, no mix
+    del index.cosine_candidates  # no change now: the same fit publishes
+    index.fit(queries, qrels)
+    assert index.query_calibrator is not before_q
+
+
+def test_a_fit_does_not_undo_another_connections_set_weights(demo_encoded, encoder, pg_dsn, pg_table_factory):
+    from normrank.errors import ConcurrentUpdateError
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    ids, texts, queries, qrels = _demo_fit_data()
+    vecs, counts = demo_encoded
+    table = pg_table_factory("fit")
+    fitter = PgVectorNormIndex(pg_dsn, table, encoder)
+    other = PgVectorNormIndex(pg_dsn, table, encoder)  # another process, as far as the table knows
+    try:
+        fitter.add_vectors(vecs, counts, ids=ids, texts=texts)
+        _change_midway(fitter, lambda: other.set_weights(CHANGED))
+        with pytest.raises(ConcurrentUpdateError, match="weights changed while fit"):
+            fitter.fit(queries, qrels)
+        assert other.weights == CHANGED and len(other) == len(ids)
+        fitter.search(vecs[0], 1, query_token_count=int(counts[0]))  # a handle reads the table's state per call
+        assert fitter.weights == CHANGED
+    finally:
+        fitter.close()
+        other.close()
+
+
+def _small_index(demo_encoded, encoder):
+    ids, texts, queries, qrels = _demo_fit_data()
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts, ids=ids, texts=texts)
+    return index, queries, qrels
+
+
+@pytest.mark.parametrize(("call", "error", "words"), [
+    (lambda ix, q, r: ix.fit(q, {k: r[k] for k in list(r)[:1]}), "InvalidArgumentError", "at least 2 labelled queries"),
+    (lambda ix, q, r: ix.fit(q, {k: {d: 0.5 for d in v} for k, v in r.items()}), "InvalidArgumentError",
+     "whole numbers"),
+    (lambda ix, q, r: ix.fit(q, r, depth=3), "InvalidArgumentError", "depth must be at least 10"),
+    (lambda ix, q, r: ix.fit(q, r, alpha=0), "InvalidArgumentError", "strictly between 0 and 1"),
+    (lambda ix, q, r: ix.fit(q, r, alpha=1.0), "InvalidArgumentError", "strictly between 0 and 1"),
+    (lambda ix, q, r: ix.fit({**q, next(iter(r)): "   "}, r), "EmptyTextError", "no text to encode, e.g. \\['"),
+    (lambda ix, q, r: ix.calibrate_queries("heat"), "InvalidArgumentError", "single string"),
+    (lambda ix, q, r: ix.calibrate_queries(norms=np.ones(3) * 2), "InvalidArgumentError", "together"),
+])
+def test_meaningless_fit_input_is_named_and_changes_nothing(demo_encoded, encoder, call, error, words):
+    """One labelled query crashed with IndexError; 0.5 grades became 0; depth 3 misreported nDCG@10;
+    alpha 0 made acceptance impossible in silence; a single string calibrated one query per character."""
+    import normrank.errors as errors
+
+    index, queries, qrels = _small_index(demo_encoded, encoder)
+    with pytest.raises(getattr(errors, error), match=words):
+        call(index, queries, qrels)
+    assert index.weights == Weights() and index.query_calibrator is None
+
+
+def test_the_report_gives_the_folds_it_used(demo_encoded, encoder, caplog):
+    index, queries, qrels = _small_index(demo_encoded, encoder)
+    two = dict(list(qrels.items())[:3])
+    report = index.fit(queries, two, folds=1000)
+    assert report.folds == 3  # one per query at most, not the 1000 asked for
+    assert "fitted on 3 queries" in caplog.text  # and the tiny query calibration is warned about

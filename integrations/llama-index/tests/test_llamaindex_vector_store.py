@@ -645,3 +645,44 @@ def test_a_never_filled_store_persists_reloads_and_fills(encoder, embed, docs, t
         again.insert(d)
     top = again.as_retriever(similarity_top_k=1).retrieve(docs[2].text)[0]
     assert top.node.ref_doc_id == docs[2].doc_id and len(loaded.index) == 6
+
+
+def test_two_handles_on_one_pgvector_table_query_and_delete_without_spurious_errors(encoder, docs, vectors, pg_dsn,
+                                                                                    pg_table_factory):
+    """On pgvector another handle (another process) can delete between this store's count and search, or
+    between listing a document's nodes and deleting them: the query failed with "k of 34 is larger than the
+    number of documents (33)" and a second delete of one document raised UnknownIdError."""
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    table = pg_table_factory("li")
+    a = NormRankVectorStore(PgVectorNormIndex(pg_dsn, table, encoder))
+    b = NormRankVectorStore(PgVectorNormIndex(pg_dsn, table, encoder))
+    try:
+        a.add(_nodes(docs[:8], vectors[:8]))
+        real_search, real_delete = a.index.search, a.index.delete
+        removed: list[str] = []
+
+        def search_after_another_delete(*args, **kwargs):
+            if not removed:
+                removed.append(b.index.ids()[0])
+                b.index.delete(removed[-1:])  # between a's count and a's search
+            return real_search(*args, **kwargs)
+
+        a.index.search = search_after_another_delete
+        res = a.query(VectorStoreQuery(query_embedding=list(map(float, vectors[0])), similarity_top_k=100))
+        assert len(res.ids) == 7 and removed[0] not in res.ids  # every stored node, as when alone
+
+        doc = docs[1].doc_id
+
+        def delete_after_another(ids):
+            if real_delete.__self__ is a.index and not getattr(delete_after_another, "done", False):
+                delete_after_another.done = True
+                b.delete(doc)  # the other handle deletes the same document first
+            return real_delete(ids)
+
+        a.index.delete = delete_after_another
+        a.delete(doc)  # nothing left to delete: nothing happens, as documented
+        assert not [r for r in b.index.get(b.index.ids()) if r.metadata.get("ref_doc_id") == doc]
+    finally:
+        a.index.close()
+        b.index.close()

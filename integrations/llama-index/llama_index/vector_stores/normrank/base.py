@@ -67,7 +67,8 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from normrank._validation import MAX_METADATA_BYTES, check_metadata, check_text
 from normrank.encoders import RawEncoder
-from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError
+from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError, UnknownIdError
+from normrank.index_base import search_up_to
 from normrank.scoring import Hit
 from normrank.store import NormIndex, Record, SearchableIndex
 
@@ -426,9 +427,22 @@ class NormRankVectorStore(BasePydanticVectorStore):
         if not isinstance(ref_doc_id, str):
             raise InvalidArgumentError(f"ref_doc_id must be a string, got {type(ref_doc_id).__name__}")
         with self._lock:
-            gone = [r.id for r in self._records(lambda m: m.get("ref_doc_id") == ref_doc_id)]
-            if gone:
-                self._index.delete(gone)
+            self._delete_where(lambda: [r.id for r in self._records(lambda m: m.get("ref_doc_id") == ref_doc_id)])
+
+    def _delete_where(self, chosen: Callable[[], list[str]]) -> None:
+        """Delete the nodes ``chosen()`` lists now. Listing and deleting are two calls: on pgvector another
+        handle (another process) can delete some in between, and the index refuses unknown ids, so the
+        list is made again (every one of 30 simultaneous deletes of one document by two handles failed)."""
+        for _ in range(5):
+            ids = chosen()
+            if not ids:
+                return
+            try:
+                self._index.delete(ids)
+                return
+            except UnknownIdError:
+                continue
+        raise UnknownIdError("the nodes to delete kept changing under other writers; try again")
 
     async def adelete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
         await asyncio.to_thread(self.delete, ref_doc_id, **delete_kwargs)
@@ -443,16 +457,18 @@ class NormRankVectorStore(BasePydanticVectorStore):
         if node_ids is None and filters is None:
             raise InvalidArgumentError("delete_nodes needs node_ids or filters; use clear() to delete every node")
         predicate = metadata_filter(filters)
+        wanted = list(dict.fromkeys(_strings(node_ids, "node_ids"))) if node_ids is not None else None
+
+        def chosen() -> list[str]:
+            if wanted is None:
+                return [r.id for r in self._records(predicate)]
+            present = set(self._index.ids())
+            candidates = [i for i in wanted if i in present]
+            return candidates if predicate is None else [r.id for r in self._index.get(candidates)
+                                                          if predicate(r.metadata)]
+
         with self._lock:
-            if node_ids is not None:
-                present = set(self._index.ids())
-                candidates = [i for i in dict.fromkeys(_strings(node_ids, "node_ids")) if i in present]
-                if predicate is not None:
-                    candidates = [r.id for r in self._index.get(candidates) if predicate(r.metadata)]
-            else:
-                candidates = [r.id for r in self._records(predicate)]
-            if candidates:
-                self._index.delete(candidates)
+            self._delete_where(chosen)
 
     async def adelete_nodes(self, node_ids: list[str] | None = None, filters: MetadataFilters | None = None,
                             **delete_kwargs: Any) -> None:
@@ -501,12 +517,14 @@ class NormRankVectorStore(BasePydanticVectorStore):
         else:
             vecs, counts = encoder.encode_with_counts([text])
             vector, count = vecs[0], int(counts[0])
-        with self._lock:
-            n = len(self._index)
-            if n == 0:
-                return self._empty()
-            hits = self._index.search(vector, min(int(k), n), filter=predicate, query_token_count=count)
+        with self._lock:  # k clamped to what the index holds when it searches (another handle may delete)
+            hits = search_up_to(self._index, vector, int(k), self._empty_hits, filter=predicate,
+                                query_token_count=count)
         return _result(hits)
+
+    def _empty_hits(self) -> list[Hit]:
+        self._empty()  # raises unless empty results are allowed
+        return []
 
     def _empty(self) -> VectorStoreQueryResult:
         if self.allow_empty:
