@@ -142,7 +142,7 @@ class StoreConfig(_Section):
 
 class FitConfig(_Section):
     folds: int = Field(5, ge=2)
-    alpha: float = Field(0.05, gt=0, lt=1)
+    alpha: float = Field(0.05, gt=0, le=1, description="One-sided p-value a blend must beat (1 = no significance gate).")
     min_gain: float = Field(0.0, ge=0)
     depth: int = Field(100, ge=10, description="Cosine candidates per labelled query (nDCG@10 needs at least 10).")
     seed: int = Field(0, ge=0, description="Seed of the cross-validation folds.")

@@ -232,8 +232,9 @@ def check_fit_options(**options: Any) -> dict[str, Any]:
             out[name] = _numbers(name, value)
         elif name in ("folds", "alpha", "min_gain", "seed", "depth"):
             out[name] = check_option(name, value)
-            if name == "alpha" and not 0.0 < out[name] < 1.0:  # 0 would make every fit keep cosine, in silence
-                raise InvalidArgumentError(f"alpha must be a significance level strictly between 0 and 1, got {value!r}")
+            if name == "alpha" and out[name] <= 0.0:  # 0 would make every fit keep cosine, in silence (1: no gate)
+                raise InvalidArgumentError(f"alpha must be a significance level in (0, 1] (1 = no significance gate), "
+                                           f"got {value!r}")
             if name == "depth" and out[name] < FIT_MIN_DEPTH:
                 raise InvalidArgumentError(f"depth must be at least {FIT_MIN_DEPTH} for a fit (nDCG@10 over fewer "
                                            f"candidates misreports every blend), got {value!r}")
