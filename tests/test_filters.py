@@ -138,7 +138,7 @@ def test_check_filter_keeps_plain_dicts_and_compiles_operators():
     assert check_filter(None) is None and check_filter({}) is None
     pred = check_filter({"n": {"$gt": 1}})
     assert callable(pred) and pred({"n": 2}) and not pred({"n": 1}) and not pred({})
-    fn = lambda m: True  # noqa: E731
+    fn = lambda m: True
     assert check_filter(fn) is fn
     assert same(True, True) and not same(True, 1) and not same(0, False) and same(1, 1.0)
     assert same([1, {"a": True}], (1, {"a": True})) and not same([1, {"a": True}], [1, {"a": 1}])

@@ -179,7 +179,7 @@ def _small_index(demo_encoded, encoder):
 def test_meaningless_fit_input_is_named_and_changes_nothing(demo_encoded, encoder, call, error, words):
     """One labelled query crashed with IndexError; 0.5 grades became 0; depth 3 misreported nDCG@10;
     alpha 0 made acceptance impossible in silence; a single string calibrated one query per character."""
-    import normrank.errors as errors
+    from normrank import errors
 
     index, queries, qrels = _small_index(demo_encoded, encoder)
     with pytest.raises(getattr(errors, error), match=words):
