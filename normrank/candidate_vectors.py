@@ -32,10 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE, check_option
+from normrank._validation import UNIT_NORM_TOLERANCE, check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, default_model_path
-from normrank.errors import InvalidArgumentError, NormRankError, UnknownIdError
+from normrank.errors import (
+    InvalidArgumentError,
+    InvalidTextError,
+    NormRankError,
+    UnknownIdError,
+)
 from normrank.scoring import Hit, Weights
 
 logger = logging.getLogger(__name__)
@@ -163,6 +168,19 @@ def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
         return False
     norm = float(np.linalg.norm(arr))
     return norm > UNIT_NORM_TOLERANCE and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
+
+
+def unscorable(text: str | None) -> str | None:
+    """Why a re-ranker cannot score a candidate (no text; text holding a lone surrogate, which cannot be
+    encoded), else ``None``. One such candidate used to fail the whole ranking, named by its batch position;
+    the re-rankers pass it through last, unscored, with this reason."""
+    if is_blank(text):
+        return "no text"
+    try:
+        check_text(text, "candidate")  # type: ignore[arg-type]
+    except InvalidTextError:
+        return "text is not valid Unicode"
+    return None
 
 
 def is_blank(text: str | None) -> bool:

@@ -259,10 +259,12 @@ def cmd_index(args: argparse.Namespace) -> int:
     from normrank.cache import encode_cached
     from normrank.config import build_index, load_config
 
+    _check_out_folder(args.out)  # before reading or encoding anything (also before starting Ray)
     if args.ray:  # encode on Ray Data (RAY_ADDRESS joins a cluster), Parquet beside the index
         from normrank.distributed import index_with_ray
 
-        ray_config = args.config
+        ray_config = load_config(args.config) if args.config else None  # a bad setting named before Ray starts
+        ray_config = args.config if ray_config is None else ray_config
         chunk_flags = (args.chunk_size, args.chunk_overlap, args.no_chunking or None, args.chunk_rows or None)
         if args.model or args.backend or any(v is not None for v in chunk_flags):
             ray_config = load_config(args.config).model_copy(deep=True)
@@ -282,7 +284,6 @@ def cmd_index(args: argparse.Namespace) -> int:
             stop()
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
-    _check_out_folder(args.out)  # before reading or encoding anything
     config = load_config(args.config)  # a bad setting is named before the corpus is read
     config.store.path = None  # --out is where this index goes; never load another one into it
     if args.model:

@@ -251,6 +251,8 @@ def _short(value: Any) -> str:
             return redact(v)
         if isinstance(v, dict) and depth < 3:
             return {k: masked(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, (list, tuple)) and depth < 3:  # a DSN given as a list is echoed too
+            return [masked(x, depth + 1) for x in v]
         return v
 
     value = masked(value)
@@ -440,16 +442,25 @@ def build_weights(config: NormRankConfig) -> Any:
 
 
 def build_index(source: Any = None) -> Any:
-    """An empty ``NormIndex`` as the config describes, or the saved one at ``store.path`` if it exists.
+    """An empty ``NormIndex`` as the config describes, the saved one at ``store.path`` if it exists, or,
+    with ``store.backend: pgvector``, a ``PgVectorNormIndex`` on ``store.table`` (which may already hold
+    documents; its stored state is kept unless the file sets other values).
 
-    A saved index keeps its fitted weights unless the file sets non-default scoring.
+    A saved index keeps its fitted weights unless the file sets non-default scoring, and its own encoder
+    (model, pooling, backend) unless the file has an ``encoder:`` section: a YAML without one reopened an
+    ``onnx-int8`` index with torch.
     """
     from normrank.calibration import NormCalibrator
     from normrank.store import NormIndex
 
     config = load_config(source)
-    encoder = build_encoder(config)
     s = config.store
+    if s.backend != "pgvector" and s.path and Path(s.path).exists() and not config.encoder.model_fields_set:
+        index = NormIndex.load(s.path)  # the encoder it was saved with
+        if config.scoring != ScoringConfig():
+            index.set_weights(build_weights(config))
+        return index
+    encoder = build_encoder(config)
     if s.backend == "pgvector":  # the table keeps its state; only settings the file names override it
         from normrank.pgvector_store import PgVectorNormIndex
 
@@ -481,6 +492,11 @@ def saved_index(config: NormRankConfig, calibration: str, section: str) -> Any:
     ``candidates``: never; ``auto``: when one is saved there; ``index``: required, else ConfigError.
     """
     if calibration == "candidates":
+        return None
+    if config.store.backend == "pgvector":  # the table is the saved index (every process ranks alike from it)
+        index = build_index(config)
+        if len(index) or calibration == "index":
+            return index
         return None
     path = config.store.path
     if path and Path(path).exists():

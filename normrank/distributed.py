@@ -40,6 +40,7 @@ from normrank.errors import (
     EmptyCorpusError,
     IndexFormatError,
     InvalidArgumentError,
+    ModelLoadError,
 )
 from normrank.index_base import _as_metadatas, _check_ids
 
@@ -109,7 +110,7 @@ class _EncodeBatch:
             import torch
 
             torch.set_num_threads(threads)
-        self.encoder = encoder_from_settings(settings, show_progress=False, what="the corpus")
+        self.encoder = encoder_from_settings(settings, show_progress=False, what="the corpus", fallback=False)
 
     def __call__(self, batch: Mapping[str, np.ndarray]) -> Any:
         import pyarrow as pa
@@ -257,6 +258,11 @@ class EncodedCorpus:
         return self.into(index)
 
 
+def _looks_like_folder(model: str) -> bool:
+    """A model named by a filesystem path (absolute or relative), not a hub name."""
+    return Path(model).is_absolute() or model.startswith((".", "~"))
+
+
 def _encoder_from(settings: Mapping[str, Any]) -> RawEncoder:
     return encoder_from_settings(settings, what="the corpus")
 
@@ -324,6 +330,9 @@ def encode_corpus(
         raise InvalidArgumentError(f"{out} exists and is not an empty folder; choose a new output folder")
     enc = encoder or RawEncoder()
     settings = {**enc.describe(), "model": enc.model_name}
+    if _looks_like_folder(enc.model_name) and not Path(enc.model_name).exists():  # this node first: no Ray needed
+        raise ModelLoadError(f"the model folder {enc.model_name!r} is not on this machine; it must exist at the "
+                             "same path on every node")
 
     ray = _ray()
     started = False
@@ -347,7 +356,13 @@ def encode_corpus(
             batch_size=block, batch_format="numpy", udf_modifying_row_count=False,
         )
         out.mkdir(parents=True, exist_ok=True)
-        ds.write_parquet(str(out / PARTS))
+        try:
+            ds.write_parquet(str(out / PARTS))
+        except ray.exceptions.RayError as exc:  # an actor that could not load the model: say so by name
+            if "must exist at the same path on every node" in str(exc):
+                raise ModelLoadError(f"an encoder actor could not load the model folder {enc.model_name!r}: it must "
+                                     "exist at the same path on every node") from exc
+            raise
     finally:
         if started:
             ray.shutdown()
@@ -421,6 +436,8 @@ def index_with_ray(
     if not ids:
         raise EmptyCorpusError(f"{source} holds no document with text")
     encoder = build_encoder(cfg)
+    # The destination is opened before minutes of encoding: an unreachable pgvector DSN was found only after.
+    target = build_index(cfg) if cfg.store.backend == "pgvector" else None
     c = cfg.chunking  # long files become passages (ids path#n), as `normrank index` does
     ids, texts, metas, truncated = chunk_documents(ids, texts, metas, encoder=encoder, kind=source_kind(source),
                                                    enabled=c.enabled, size=c.size, overlap=c.overlap, rows=c.rows)
@@ -430,7 +447,7 @@ def index_with_ray(
     corpus = encode_corpus(texts, ids, metas, out=encoded, encoder=encoder, num_actors=num_actors,
                            ray_address=ray_address, max_bins=cfg.calibration.max_bins,
                            min_per_bin=cfg.calibration.min_per_bin, show_progress=show_progress)
-    index = corpus.into(build_index(cfg))
+    index = corpus.into(target if target is not None else build_index(cfg))
     if cfg.store.backend == "faiss":
         index.save(out)
     return index

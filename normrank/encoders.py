@@ -464,12 +464,17 @@ def _progress_bar(show: bool, total: int) -> Any:
 
 
 def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | None = None,
-                          what: str = "the index") -> RawEncoder:
+                          what: str = "the index", fallback: bool = True) -> RawEncoder:
     """The encoder a saved ``describe()`` names: model, batch size, device, window, backend and, for a
     :class:`~normrank.pooling.PooledEncoder`, its pooling. A model folder that is not here falls back to
-    the bundled model with a warning (an index moved to another machine still opens)."""
+    the bundled model with a warning (an index moved to another machine still opens), or, with
+    ``fallback=False`` (Ray workers encoding a corpus), is a ``ModelLoadError``: a worker without the
+    folder encoded with the bundled model, its warning hidden on the worker, under the chosen model's name."""
     model = settings.get("model")
     if model is not None and not Path(str(model)).exists():
+        if not fallback:
+            raise ModelLoadError(f"the model folder {model!r} that {what} is encoded with is not on this machine; "
+                                 "it must exist at the same path on every node")
         logger.warning("the model %r %s was encoded with is not here; using the bundled model", model, what)
         model = None
     from normrank.candidate_vectors import build_encoder

@@ -25,12 +25,18 @@ _URI_SECRET = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#\s'\"]*:)
 # ``password=VALUE`` (keyword form, or a URI query parameter), quoted or not. Unquoted, the value
 # runs to the next ``keyword=`` (or '&'): a password with a stray space (``password=my secret``) is
 # malformed, and libpq quotes its second word back in the error.
-_KEY_SECRET = re.compile(r"(?P<head>\bpassword\s*=\s*)"
+_KEY_SECRET = re.compile(r"(?P<head>\b(?:password|passwd|pass|pwd)\s*=\s*)"
                          r"(?P<secret>'(?:[^'\\]|\\.)*'|\"[^\"]*\"|(?:(?!\s+\w+\s*=)[^&\s]|\s(?!\s*\w+\s*=))+)",
                          re.IGNORECASE)
 # A password is also masked piece by piece (libpq may echo only the part after a stray space or '@');
 # pieces shorter than this are left alone, or every 'a' of a message would be masked for password 'a'.
 _MIN_PIECE = 4
+
+
+# ``scheme://user:PASSWORD/host...``: a URI whose '@' was typed as '/', which libpq then echoes whole. The part
+# after the user's ':' is masked unless it is a port number (``host:5432/db``).
+_URI_NO_AT = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#\s'\"]*:)(?P<secret>(?!\d+(?:/|$))[^/@\s'\"]+)"
+                        r"(?=/)(?![^\s'\"]*@)")
 
 
 def psycopg_module() -> Any:
@@ -61,7 +67,7 @@ def resolve_dsn(dsn: str | None) -> str:
 def _secrets(dsn: str) -> list[str]:
     """The password-bearing parts of ``dsn`` (raw and percent-decoded) and their longer pieces."""
     found: list[str] = []
-    for rx in (_URI_SECRET, _KEY_SECRET):
+    for rx in (_URI_SECRET, _URI_NO_AT, _KEY_SECRET):
         for m in rx.finditer(dsn):
             s = m.group("secret").strip("'\"")
             found += [s, unquote(s)]
@@ -79,6 +85,7 @@ def redact(text: str, dsn: str | None = None) -> str:
     ``invalid percent-encoded token: "p%zz"``, ``failed to resolve host 'rest-of-pw@host'``).
     """
     out = _URI_SECRET.sub(lambda m: m.group("head") + MASK + "@", str(text))
+    out = _URI_NO_AT.sub(lambda m: m.group("head") + MASK, out)
     out = _KEY_SECRET.sub(lambda m: m.group("head") + MASK, out)
     for secret in _secrets(str(text) if dsn is None else dsn):
         out = out.replace(secret, MASK)
@@ -109,10 +116,13 @@ def open_connection(dsn: str, timeout: int) -> tuple[Any, tuple[int, ...]]:
     from pgvector.psycopg import register_vector
 
     where = redact(dsn, dsn)
+    failure = None
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=timeout)
     except psycopg.Error as exc:
-        raise BackendError(f"cannot connect to PostgreSQL at {where}: {error_text(exc, dsn)}") from None
+        failure = f"cannot connect to PostgreSQL at {where}: {error_text(exc, dsn)}"
+    if failure is not None:  # raised here, not in the except block: psycopg's error (which may quote the
+        raise BackendError(failure)  # password) must not stay reachable as __context__
     try:
         if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
             if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is None:

@@ -26,7 +26,7 @@ INDEX_SUFFIX = "_emb_hnsw"
 
 
 def check_table_name(table: Any) -> str:
-    if not isinstance(table, str) or not TABLE_RE.match(table):
+    if not isinstance(table, str) or not TABLE_RE.fullmatch(table):  # match() let "docs\n" through
         raise InvalidArgumentError(
             f"table name {str(table)[:80]!r} is not a plain identifier (letters, digits, _; at most 54 characters)"
         )

@@ -134,3 +134,21 @@ def test_one_file_configures_everything(tmp_path, encoder, demo_texts, demo_enco
     assert post.top_n == 3 and post.weights == Weights(a=0.02) and post.calibrator == index.calibrator
     ranker = NormRankRanker.from_config(path)
     assert ranker.top_k == 4 and ranker.weights == Weights(a=0.02) and ranker.calibrator == index.calibrator
+
+
+def test_a_yaml_without_an_encoder_section_reopens_a_saved_index_with_its_own_encoder(tmp_path, demo_texts):
+    """``build_index`` (and every ``from_config``) passed the file's default encoder: an index encoded with
+    another pooling or backend was reopened with torch mean pooling, and queries no longer matched."""
+    from normrank.config import build_index
+    from normrank.pooling import PooledEncoder
+    from normrank.store import NormIndex
+
+    index = NormIndex(PooledEncoder(pooling="norm", show_progress=False))
+    index.add_texts(demo_texts[:6], ids=[f"d{i}" for i in range(6)])
+    index.save(tmp_path / "ix")
+    (tmp_path / "plain.yaml").write_text("store:\n  path: ix\n", encoding="utf-8")
+    reopened = build_index(tmp_path / "plain.yaml")
+    assert isinstance(reopened.encoder, PooledEncoder) and reopened.encoder.pooling == "norm"
+    assert [h.id for h in reopened.search(demo_texts[2], 3)] == [h.id for h in index.search(demo_texts[2], 3)]
+    (tmp_path / "mine.yaml").write_text("store:\n  path: ix\nencoder:\n  batch_size: 8\n", encoding="utf-8")
+    assert build_index(tmp_path / "mine.yaml").encoder.describe().get("pooling", "mean") == "mean"  # the file wins

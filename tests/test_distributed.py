@@ -166,3 +166,32 @@ def test_incomplete_folder_is_named(ray_run, tmp_path):
     with pytest.raises(IndexFormatError, match="incomplete"):
         EncodedCorpus.open(copy)
     assert parts
+
+
+def test_a_model_folder_missing_on_a_worker_fails_instead_of_encoding_with_another(ray_session, tmp_path, demo_texts,
+                                                                                   monkeypatch):
+    """Each actor rebuilt the encoder from its settings and, when the folder was missing there, fell back to
+    the bundled model with a warning the driver never showed: the corpus was encoded with another model
+    under the chosen model's name."""
+    import shutil
+
+    from normrank.distributed import encode_corpus
+    from normrank.encoders import RawEncoder, default_model_path
+    from normrank.errors import ModelLoadError
+
+    folder = tmp_path / "model"
+    shutil.copytree(default_model_path(), folder)
+    enc = RawEncoder(str(folder), show_progress=False)
+    assert enc.dim == 384  # loaded on the driver
+    shutil.rmtree(folder)  # ... and not there for the actors
+    with pytest.raises(ModelLoadError, match="must exist at the same path on every node"):  # this node
+        encode_corpus(demo_texts[:6], out=tmp_path / "enc", encoder=enc, num_actors=1)
+    from normrank import distributed
+
+    monkeypatch.setattr(distributed, "_looks_like_folder", lambda model: False)  # only the actors look now
+    with pytest.raises(ModelLoadError, match="encoder actor could not load the model folder"):
+        encode_corpus(demo_texts[:6], out=tmp_path / "enc2", encoder=enc, num_actors=1)
+    monkeypatch.undo()
+    from normrank.encoders import encoder_from_settings
+
+    assert encoder_from_settings({"model": str(folder)}).model_name != str(folder)  # a load still falls back

@@ -359,11 +359,13 @@ def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
         f"postgresql://u:p@{SECRET}@localhost:1/db",  # an unescaped @: libpq resolves "<secret>@localhost"
         f"host={tmp_path} password='{SECRET}' port=abc",
         f"user=u password={SECRET} {host} bogusopt=2",
+        f"host=127.0.0.1 port=1 user=u passwd={SECRET}",  # a misspelt keyword: libpq quotes the whole DSN back
+        f"postgresql://u:{SECRET}/127.0.0.1:1/db",  # '/' typed for '@': libpq echoed the URI whole
     ]
     for dsn in bad_dsns:
         with pytest.raises(BackendError) as info:
             PgVectorNormIndex(dsn, "docs", connect_timeout=2)
-        shown = _all_text(info.value)
+        shown = _all_text(info.value) + repr(info.value.__context__)  # nothing reachable from the error
         for piece in (SECRET, SECRET[:5] + "%zz", SECRET[5:]):
             assert piece not in shown, (dsn, shown)
     for dsn in (f"postgresql://u:{SECRET}@h/db", f"host=h password={SECRET} user=u",
@@ -375,6 +377,9 @@ def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
         assert config.store.dsn == dsn and SECRET not in repr(config) and SECRET not in str(config.store)
         with pytest.raises(ConfigError) as info:
             load_config({"store": {"backend": "pgvector", "dsn": dsn, "index_type": "ivf"}})
+        assert SECRET not in str(info.value)
+        with pytest.raises(ConfigError) as info:  # a DSN given as a list was echoed whole
+            load_config({"store": {"backend": "pgvector", "dsn": [dsn]}})
         assert SECRET not in str(info.value)
 
 

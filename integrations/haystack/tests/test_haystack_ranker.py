@@ -177,3 +177,23 @@ def test_backend_is_serialised_taken_from_a_shared_encoder_and_validated():
         NormRankRanker(backend="tensorrt")
     with pytest.raises(InvalidArgumentError, match="CPU"):
         NormRankRanker(backend="onnx-int8", device="cuda")
+
+
+def test_from_config_on_a_pgvector_table_ranks_as_the_table(encoder, ids, demo_texts, pg_dsn, pg_table_factory):
+    """``from_config`` looked only at ``store.path``: with ``store.backend: pgvector`` it ignored the table's
+    weights and calibration (``auto``) or refused (``index``), though every process should rank alike from it."""
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    table = pg_table_factory("hs")
+    pg = PgVectorNormIndex(pg_dsn, table, encoder, weights=Weights(a=0.05))
+    try:
+        pg.add_texts(demo_texts, ids=ids)
+        cfg = {"store": {"backend": "pgvector", "dsn": pg_dsn, "table": table}}
+        for calibration in ("auto", "index"):
+            ranker = NormRankRanker.from_config({**cfg, "haystack": {"calibration": calibration, "top_k": 4}})
+            assert ranker.weights == Weights(a=0.05) and ranker.calibrator == pg.calibrator
+            want = NormRankRanker.from_index(pg, top_k=4).run(query="vaccines", documents=_docs(ids, demo_texts))
+            got = ranker.run(query="vaccines", documents=_docs(ids, demo_texts))
+            assert [d.id for d in got["documents"]] == [d.id for d in want["documents"]]
+    finally:
+        pg.close()

@@ -155,6 +155,12 @@ def test_documents_without_text_pass_through_last(encoder, ids, demo_texts, capl
     assert out[5].meta["normrank"]["retrieval_score"] == 3.0 and out[6].meta["k"] == 1
     assert "2 of 7 documents have no text" in caplog.text
     assert _ranked(ranker.run(query=q, documents=[empty])["documents"]) == [("empty", None)]
+    # text that cannot be encoded (a lone surrogate) failed the whole ranking, named "text 1"; it now
+    # passes through last like a blank document, with its reason
+    broken = Document(id="x1", content="bad \udcff text")
+    out = ranker.run(query=q, documents=[*full[:2], broken, *full[2:]])["documents"]
+    _same(_ranked(out)[:5], _ranked(ranker.run(query=q, documents=full)["documents"]))
+    assert _ranked(out)[5:] == [("x1", None)] and out[5].meta["normrank"]["skipped"] == "text is not valid Unicode"
 
 
 # ---------------------------------------------------------------- issue 10 item 3

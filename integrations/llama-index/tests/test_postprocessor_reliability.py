@@ -127,6 +127,12 @@ def test_an_empty_node_is_passed_through_last(encoder, ids, demo_texts, caplog):
     assert last.node.metadata["normrank"]["skipped"] == "no text"
     assert last.node.metadata["normrank"]["retrieval_score"] == 0.9
     assert "1 of 7 nodes have no text" in caplog.text and "'blank'" in caplog.text
+    # text that cannot be encoded (a lone surrogate) failed the whole re-rank, named "text 1": now passed last
+    broken = NodeWithScore(node=TextNode(id_="broken", text="bad \udcff text"), score=0.8)
+    out2 = post.postprocess_nodes([full[0], broken, *full[1:]], query_str=q)
+    assert [i for i, _ in _ranked(out2)[:6]] == [i for i, _ in alone]
+    assert out2[-1].node.node_id == "broken" and out2[-1].node.metadata["normrank"]["skipped"] == (
+        "text is not valid Unicode")
     # top_n counts it only when there is room; only empty nodes: all passed through
     assert [n.node.node_id for n in NormRankPostprocessor(encoder=encoder, top_n=2).postprocess_nodes(
         [blank, *full], query_str=q)] == [n.node.node_id for n in out[:2]]

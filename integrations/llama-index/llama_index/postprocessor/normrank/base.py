@@ -36,28 +36,32 @@ import numpy as np
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+from llama_index.core.instrumentation.events.rerank import (
+    ReRankEndEvent,
+    ReRankStartEvent,
+)
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 
+from normrank._validation import check_option
+from normrank.calibration import NormCalibrator
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
     CandidateVectorCache,
     as_index,
     build_encoder,
-    check_encoder_options,
     calibrator_from_texts,
+    check_encoder_options,
     encoder_settings,
     explanation,
     is_blank,
     is_raw,
     stored_vectors,
+    unscorable,
     unscored_explanation,
-    with_explanation,
     weights_from,
+    with_explanation,
 )
-from normrank._validation import check_option
-from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
 from normrank.encoders import RawEncoder
@@ -243,11 +247,14 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.encoder.model_name,
                      EventPayload.QUERY_STR: query_bundle.query_str, EventPayload.TOP_K: self.top_n},
         ) as event:
-            blank = [i for i, n in enumerate(nodes) if is_blank(n.node.get_content(metadata_mode=MetadataMode.NONE))]
-            scored = [i for i in range(len(nodes)) if i not in set(blank)]
+            why = {i: reason for i, n in enumerate(nodes)
+                   if (reason := unscorable(n.node.get_content(metadata_mode=MetadataMode.NONE))) is not None}
+            blank = list(why)
+            scored = [i for i in range(len(nodes)) if i not in why]
             if blank:
-                logger.warning("%d of %d nodes have no text and cannot be scored; passed through last, "
-                               "unscored: %s", len(blank), len(nodes), [nodes[i].node.node_id for i in blank[:5]])
+                logger.warning("%d of %d nodes have no text or text that is not valid Unicode, and cannot be scored; "
+                               "passed through last, unscored: %s", len(blank), len(nodes),
+                               [nodes[i].node.node_id for i in blank[:5]])
             out = []
             if scored:
                 query, query_count = self._query_vector(query_bundle)
@@ -258,7 +265,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
                     raise InvalidArgumentError(f"{len(hits)} scores for {len(scored)} nodes")
                 order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
                 out = [self._explained(nodes[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
-            out.extend(self._explained(nodes[i], None, unscored_explanation("no text")) for i in blank)
+            out.extend(self._explained(nodes[i], None, unscored_explanation(why[i])) for i in blank)
             out = out[: self.top_n]
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))

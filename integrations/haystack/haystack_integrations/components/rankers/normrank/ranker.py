@@ -28,24 +28,25 @@ from typing import Any
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
 
+from normrank._validation import check_option
+from normrank.calibration import NormCalibrator
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
     CandidateVectorCache,
     as_index,
     build_encoder,
-    check_encoder_options,
     calibrator_from_texts,
+    check_encoder_options,
     encoder_settings,
     explanation,
     is_blank,
     is_raw,
     stored_vectors,
+    unscorable,
     unscored_explanation,
-    with_explanation,
     weights_from,
+    with_explanation,
 )
-from normrank._validation import check_option
-from normrank.calibration import NormCalibrator
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
 from normrank.encoders import RawEncoder
@@ -280,11 +281,13 @@ class NormRankRanker:
         k = self.top_k if top_k is None else _check_top_k(top_k)
         if not documents:
             return {"documents": []}
-        blank = [i for i, d in enumerate(documents) if is_blank(d.content)]
-        scored = [i for i in range(len(documents)) if i not in set(blank)]
+        why = {i: reason for i, d in enumerate(documents) if (reason := unscorable(d.content)) is not None}
+        blank = list(why)
+        scored = [i for i in range(len(documents)) if i not in why]
         if blank:
-            logger.warning("%d of %d documents have no text and cannot be scored; passed through last, "
-                           "unscored: %s", len(blank), len(documents), [documents[i].id for i in blank[:5]])
+            logger.warning("%d of %d documents have no text or text that is not valid Unicode, and cannot be scored; "
+                           "passed through last, unscored: %s", len(blank), len(documents),
+                           [documents[i].id for i in blank[:5]])
         out = []
         if scored:
             qvec, qcount = self._query_vector(query, query_embedding)
@@ -293,7 +296,7 @@ class NormRankRanker:
                            query_calibrator=self.query_calibrator, query_token_count=qcount)
             order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
             out = [self._explained(documents[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
-        out.extend(self._explained(documents[i], None, unscored_explanation("no text")) for i in blank)
+        out.extend(self._explained(documents[i], None, unscored_explanation(why[i])) for i in blank)
         return {"documents": out[:k]}
 
     @component.output_types(documents=list[Document])
@@ -306,3 +309,4 @@ class NormRankRanker:
     ) -> dict[str, list[Document]]:
         """:meth:`run` in a worker thread, for ``AsyncPipeline``."""
         return await asyncio.to_thread(self.run, query, documents, top_k, query_embedding)
+
