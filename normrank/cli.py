@@ -261,8 +261,13 @@ def cmd_index(args: argparse.Namespace) -> int:
 
     _check_out_folder(args.out)  # before reading or encoding anything (also before starting Ray)
     if args.ray:  # encode on Ray Data (RAY_ADDRESS joins a cluster), Parquet beside the index
-        from normrank.distributed import index_with_ray
+        from normrank.distributed import (
+            check_encoded_folder,
+            encoded_folder,
+            index_with_ray,
+        )
 
+        check_encoded_folder(encoded_folder(args.out))  # before Ray starts
         ray_config = load_config(args.config) if args.config else None  # a bad setting named before Ray starts
         ray_config = args.config if ray_config is None else ray_config
         chunk_flags = (args.chunk_size, args.chunk_overlap, args.no_chunking or None, args.chunk_rows or None)
@@ -511,10 +516,16 @@ def _model_arg(model: str) -> str:
 def cmd_eval(args: argparse.Namespace) -> int:
     """Cosine vs BM25 vs raw dot vs fitted normrank on a BEIR folder, evaluated queries never fitted."""
     from normrank.config import build_encoder, load_config
-    from normrank.evaluation import evaluate, format_report
-
     from normrank.encoders import RawEncoder
-    from normrank.evaluation import combine, evaluate_models, format_models, plot_models, require_bm25s
+    from normrank.evaluation import (
+        combine,
+        evaluate,
+        evaluate_models,
+        format_models,
+        format_report,
+        plot_models,
+        require_bm25s,
+    )
 
     require_bm25s()  # name the missing extra before loading any model
     kwargs = None

@@ -389,6 +389,23 @@ def _finish(out: Path, n: int, settings: Mapping[str, Any], max_bins: int, min_p
     return EncodedCorpus(out, n, dim, calibrator, dict(settings))
 
 
+def encoded_folder(out: str | os.PathLike[str]) -> Path:
+    """Where ``normrank index --ray --out OUT`` writes its Parquet: ``OUT-encoded`` beside the index."""
+    return Path(out).with_name(Path(out).name + "-encoded")
+
+
+def check_encoded_folder(encoded: str | os.PathLike[str]) -> None:
+    """Refuse a Parquet destination that is not new or empty, before reading, encoding or starting Ray
+    (a re-run into the same ``--out`` failed only after Ray had started), saying what to do."""
+    encoded = Path(encoded)
+    if encoded.exists() and (not encoded.is_dir() or any(encoded.iterdir())):
+        earlier = (encoded / META_FILE).is_file()
+        raise InvalidArgumentError(
+            f"{encoded} exists and is not an empty folder"
+            + ("; it holds the Parquet of an earlier --ray run: delete it to encode again" if earlier else
+               "; choose another --out (the Parquet goes to <out>-encoded)"))
+
+
 def index_with_ray(
     source: str | os.PathLike[str],
     out: str | os.PathLike[str] | None = None,
@@ -429,7 +446,8 @@ def index_with_ray(
     if encoded is None:
         if out is None:
             raise InvalidArgumentError("give encoded=... (the Parquet folder) or out=...")
-        encoded = Path(out).with_name(Path(out).name + "-encoded")
+        encoded = encoded_folder(out)
+    check_encoded_folder(encoded)
     ids, texts, metas, skipped = read_source(source)
     if skipped:
         logger.warning("skipped %d empty document(s), e.g. %s", len(skipped), skipped[:3])
@@ -453,4 +471,5 @@ def index_with_ray(
     return index
 
 
-__all__ = ["EncodedBatch", "EncodedCorpus", "NormStats", "encode_corpus", "index_with_ray", "init_local_ray"]
+__all__ = ["EncodedBatch", "EncodedCorpus", "NormStats", "check_encoded_folder", "encode_corpus", "encoded_folder",
+           "index_with_ray", "init_local_ray"]

@@ -24,3 +24,14 @@ def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder):
                   "execution finished", "Data sink Parquet finished", " INFO "):
         assert noise not in captured.err, captured.err
     assert len(NormIndex.load(tmp_path / "idx")) == 12
+    # again into the same --out: named before Ray starts, with what to do; a foreign --out too
+    capfd.readouterr()
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--ray", "--no-progress"]) == 1
+    err = capfd.readouterr().err
+    assert "idx-encoded exists" in err and "earlier --ray run: delete it to encode again" in err
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's own file")
+    assert main(["index", str(src), "--out", str(tmp_path / "mine"), "--ray", "--no-progress"]) == 1
+    assert "not a normrank index" in capfd.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's own file"
+    assert not (tmp_path / "mine-encoded").exists()
