@@ -174,8 +174,11 @@ def _check_keys_distinct_as_json(mapping: Mapping[Any, Any], path: str) -> None:
         return
     seen: dict[str, Any] = {}
     for key in mapping:
-        as_json = key if isinstance(key, str) else json.dumps(key) if key is None or isinstance(key, (bool, int, float)) else None
-        if as_json is None:
+        if isinstance(key, str):
+            as_json = key
+        elif key is None or isinstance(key, (bool, int, float)):
+            as_json = json.dumps(key)  # what json.dumps makes of it as a key: None -> "null", True -> "true"
+        else:
             continue  # not a key JSON can hold: the walk names it
         if as_json in seen:
             raise InvalidMetadataError(f"{path} has the keys {seen[as_json]!r} and {key!r}, which are the same key "

@@ -183,6 +183,16 @@ def unscorable(text: str | None) -> str | None:
     return None
 
 
+def split_scorable(texts: Sequence[str | None], ids: Sequence[str], what: str) -> tuple[list[int], dict[int, str]]:
+    """(positions to score, {position: why it cannot be scored}) of a re-ranker's candidates, logging the
+    unscorable ones (up to five ids); ``what`` names them ("documents", "nodes")."""
+    why = {i: reason for i, t in enumerate(texts) if (reason := unscorable(t)) is not None}
+    if why:
+        logger.warning("%d of %d %s have no text or text that is not valid Unicode, and cannot be scored; passed "
+                       "through last, unscored: %s", len(why), len(texts), what, [ids[i] for i in list(why)[:5]])
+    return [i for i in range(len(texts)) if i not in why], why
+
+
 def is_blank(text: str | None) -> bool:
     """True for ``None``, ``""`` or whitespace: nothing to embed."""
     return text is None or not str(text).strip()

@@ -268,11 +268,10 @@ def cmd_index(args: argparse.Namespace) -> int:
         )
 
         check_encoded_folder(encoded_folder(args.out))  # before Ray starts
-        ray_config = load_config(args.config) if args.config else None  # a bad setting named before Ray starts
-        ray_config = args.config if ray_config is None else ray_config
+        ray_config = load_config(args.config)  # a bad setting is named before Ray starts
         chunk_flags = (args.chunk_size, args.chunk_overlap, args.no_chunking or None, args.chunk_rows or None)
         if args.model or args.backend or any(v is not None for v in chunk_flags):
-            ray_config = load_config(args.config).model_copy(deep=True)
+            ray_config = ray_config.model_copy(deep=True)
             if args.model:
                 ray_config.encoder.model = _model_arg(args.model)
             _set_backend(ray_config, args.backend)

@@ -455,12 +455,9 @@ def build_index(source: Any = None) -> Any:
 
     config = load_config(source)
     s = config.store
-    if s.backend != "pgvector" and s.path and Path(s.path).exists() and not config.encoder.model_fields_set:
-        index = NormIndex.load(s.path)  # the encoder it was saved with
-        if config.scoring != ScoringConfig():
-            index.set_weights(build_weights(config))
-        return index
-    encoder = build_encoder(config)
+    saved = s.backend != "pgvector" and bool(s.path) and Path(str(s.path)).exists()
+    # None: NormIndex.load rebuilds the encoder the index was saved with
+    encoder = None if saved and not config.encoder.model_fields_set else build_encoder(config)
     if s.backend == "pgvector":  # the table keeps its state; only settings the file names override it
         from normrank.pgvector_store import PgVectorNormIndex
 
@@ -473,8 +470,8 @@ def build_index(source: Any = None) -> Any:
             calibrator=None if config.calibration == CalibrationConfig() else
             NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
         )
-    if s.path and Path(s.path).exists():
-        index = NormIndex.load(s.path, encoder=encoder)
+    if saved:
+        index = NormIndex.load(str(s.path), encoder=encoder)
         if config.scoring != ScoringConfig():
             index.set_weights(build_weights(config))
         return index
@@ -497,6 +494,7 @@ def saved_index(config: NormRankConfig, calibration: str, section: str) -> Any:
         index = build_index(config)
         if len(index) or calibration == "index":
             return index
+        index.close()  # an empty table: the re-ranker calibrates per call, and needs no connection
         return None
     path = config.store.path
     if path and Path(path).exists():

@@ -34,7 +34,12 @@ from typing import Any
 import numpy as np
 
 from normrank.calibration import NormCalibrator
-from normrank.encoders import RawEncoder, check_texts, encoder_from_settings
+from normrank.encoders import (
+    MODEL_ON_EVERY_NODE,
+    RawEncoder,
+    check_texts,
+    encoder_from_settings,
+)
 from normrank.errors import (
     DuplicateIdError,
     EmptyCorpusError,
@@ -331,8 +336,7 @@ def encode_corpus(
     enc = encoder or RawEncoder()
     settings = {**enc.describe(), "model": enc.model_name}
     if _looks_like_folder(enc.model_name) and not Path(enc.model_name).exists():  # this node first: no Ray needed
-        raise ModelLoadError(f"the model folder {enc.model_name!r} is not on this machine; it must exist at the "
-                             "same path on every node")
+        raise ModelLoadError(f"the model folder {enc.model_name!r} is not on this machine; it {MODEL_ON_EVERY_NODE}")
 
     ray = _ray()
     started = False
@@ -359,9 +363,9 @@ def encode_corpus(
         try:
             ds.write_parquet(str(out / PARTS))
         except ray.exceptions.RayError as exc:  # an actor that could not load the model: say so by name
-            if "must exist at the same path on every node" in str(exc):
-                raise ModelLoadError(f"an encoder actor could not load the model folder {enc.model_name!r}: it must "
-                                     "exist at the same path on every node") from exc
+            if MODEL_ON_EVERY_NODE in str(exc):
+                raise ModelLoadError(f"an encoder actor could not load the model folder {enc.model_name!r}: it "
+                                     f"{MODEL_ON_EVERY_NODE}") from exc
             raise
     finally:
         if started:

@@ -463,6 +463,10 @@ def _progress_bar(show: bool, total: int) -> Any:
     return tqdm(total=total, desc="Encoding", unit="text")
 
 
+#: What a Ray worker without the model folder says; ``normrank.distributed`` finds its actors' failure by it.
+MODEL_ON_EVERY_NODE = "must exist at the same path on every node"
+
+
 def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | None = None,
                           what: str = "the index", fallback: bool = True) -> RawEncoder:
     """The encoder a saved ``describe()`` names: model, batch size, device, window, backend and, for a
@@ -474,7 +478,7 @@ def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | 
     if model is not None and not Path(str(model)).exists():
         if not fallback:
             raise ModelLoadError(f"the model folder {model!r} that {what} is encoded with is not on this machine; "
-                                 "it must exist at the same path on every node")
+                                 f"it {MODEL_ON_EVERY_NODE}")
         logger.warning("the model %r %s was encoded with is not here; using the bundled model", model, what)
         model = None
     from normrank.candidate_vectors import build_encoder

@@ -63,14 +63,15 @@ def match(metadata: Mapping[str, Any], flt: MetadataFilter) -> bool:
     """Whether ``metadata`` passes ``flt`` (already checked by :func:`check_filter`)."""
     if callable(flt):
         return bool(flt(metadata))
-    for key, want in flt.items():
-        have = metadata.get(key)
-        if isinstance(want, _LISTS):
-            if not any(same(have, w) for w in want):
-                return False
-        elif not same(have, want):
-            return False
-    return True
+    return all(_plain(metadata.get(key), want) for key, want in flt.items())
+
+
+def _plain(have: Any, want: Any) -> bool:
+    """A plain filter value: one value (JSON equality) or a list of accepted ones. The one reading of a
+    plain dict, for :func:`match` and for the predicate an operator filter compiles to."""
+    if isinstance(want, _LISTS):
+        return any(same(have, w) for w in want)
+    return same(have, want)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -112,9 +113,8 @@ def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
         elif _is_operator_dict(want):
             parts.append(_field(key, want, f"{where}[{key!r}]", allow_nul))
         else:
-            listed = isinstance(want, _LISTS)
-            checked = _values(key, list(want) if listed else want, where, allow_nul)
-            parts.append(_one_of(key, checked) if listed else _equal(key, checked))
+            checked = _values(key, list(want) if isinstance(want, _LISTS) else want, where, allow_nul)
+            parts.append(lambda m, key=key, want=checked: _plain(m.get(key), want))
     return lambda m: all(p(m) for p in parts)
 
 

@@ -398,14 +398,11 @@ class NormRankVectorStore(VectorStore):
 
     # ------------------------------------------------------------ searching
     def _query(self, query: str) -> tuple[np.ndarray, int]:
-        """The raw query vector and its token count, computed before any lock is taken (the slow part)."""
-        if not isinstance(query, str):
-            raise InvalidArgumentError(f"the query must be a string, got {type(query).__name__}")
+        """The raw query vector and its token count, computed before any lock is taken (the slow part).
+        The query was checked by :meth:`_door`."""
         if self._shared:  # exactly what index.search(text) would compute, without holding the store
             vecs, counts = self.embedding.encoder.encode_with_counts([query])  # type: ignore[attr-defined]
             return np.asarray(vecs[0], dtype=np.float32), int(counts[0])
-        check_texts([query])
-        check_text(query, "the query")
         vec = np.asarray(self.embedding.embed_query(query), dtype=np.float32).ravel()
         norm = float(np.linalg.norm(vec.astype(np.float64)))
         if abs(norm - 1.0) < UNIT_NORM_TOLERANCE:

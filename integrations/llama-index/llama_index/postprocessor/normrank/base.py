@@ -26,7 +26,6 @@ The arithmetic is :func:`normrank.scoring.rescore`, the same the index uses.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -56,8 +55,8 @@ from normrank.candidate_vectors import (
     explanation,
     is_blank,
     is_raw,
+    split_scorable,
     stored_vectors,
-    unscorable,
     unscored_explanation,
     weights_from,
     with_explanation,
@@ -70,7 +69,6 @@ from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
-logger = logging.getLogger(__name__)
 dispatcher = get_dispatcher(__name__)
 
 #: Constructor arguments that are not fields.
@@ -247,14 +245,8 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             payload={EventPayload.NODES: nodes, EventPayload.MODEL_NAME: self.encoder.model_name,
                      EventPayload.QUERY_STR: query_bundle.query_str, EventPayload.TOP_K: self.top_n},
         ) as event:
-            why = {i: reason for i, n in enumerate(nodes)
-                   if (reason := unscorable(n.node.get_content(metadata_mode=MetadataMode.NONE))) is not None}
-            blank = list(why)
-            scored = [i for i in range(len(nodes)) if i not in why]
-            if blank:
-                logger.warning("%d of %d nodes have no text or text that is not valid Unicode, and cannot be scored; "
-                               "passed through last, unscored: %s", len(blank), len(nodes),
-                               [nodes[i].node.node_id for i in blank[:5]])
+            scored, why = split_scorable([n.node.get_content(metadata_mode=MetadataMode.NONE) for n in nodes],
+                                         [n.node.node_id for n in nodes], "nodes")
             out = []
             if scored:
                 query, query_count = self._query_vector(query_bundle)
@@ -265,7 +257,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
                     raise InvalidArgumentError(f"{len(hits)} scores for {len(scored)} nodes")
                 order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
                 out = [self._explained(nodes[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
-            out.extend(self._explained(nodes[i], None, unscored_explanation(why[i])) for i in blank)
+            out.extend(self._explained(nodes[i], None, unscored_explanation(why[i])) for i in why)
             out = out[: self.top_n]
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))

@@ -18,7 +18,6 @@ from :meth:`NormRankRanker.calibrate`, or, with none, from each call's candidate
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,8 +40,8 @@ from normrank.candidate_vectors import (
     explanation,
     is_blank,
     is_raw,
+    split_scorable,
     stored_vectors,
-    unscorable,
     unscored_explanation,
     weights_from,
     with_explanation,
@@ -54,8 +53,6 @@ from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
-
-logger = logging.getLogger(__name__)
 
 #: The type name pipelines serialised before the package moved; still loads.
 OLD_TYPE_NAME = "haystack_normrank.ranker.NormRankRanker"
@@ -281,13 +278,7 @@ class NormRankRanker:
         k = self.top_k if top_k is None else _check_top_k(top_k)
         if not documents:
             return {"documents": []}
-        why = {i: reason for i, d in enumerate(documents) if (reason := unscorable(d.content)) is not None}
-        blank = list(why)
-        scored = [i for i in range(len(documents)) if i not in why]
-        if blank:
-            logger.warning("%d of %d documents have no text or text that is not valid Unicode, and cannot be scored; "
-                           "passed through last, unscored: %s", len(blank), len(documents),
-                           [documents[i].id for i in blank[:5]])
+        scored, why = split_scorable([d.content for d in documents], [d.id for d in documents], "documents")
         out = []
         if scored:
             qvec, qcount = self._query_vector(query, query_embedding)
@@ -296,7 +287,7 @@ class NormRankRanker:
                            query_calibrator=self.query_calibrator, query_token_count=qcount)
             order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
             out = [self._explained(documents[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
-        out.extend(self._explained(documents[i], None, unscored_explanation(why[i])) for i in blank)
+        out.extend(self._explained(documents[i], None, unscored_explanation(why[i])) for i in why)
         return {"documents": out[:k]}
 
     @component.output_types(documents=list[Document])
