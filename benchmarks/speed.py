@@ -263,10 +263,10 @@ def bench_size(n: int, reps: int, n_single: int, pads: tuple[int, ...], hnsw: bo
             else:
                 fns = {"faiss": lambda: flat.search(qunit, 10)}
                 for pad, idx in indexes.items():
-                    fns[f"normrank_pad{pad}"] = (lambda idx=idx: idx.search_batch(list(qraw), 10,
+                    fns[f"normrank_pad{pad}"] = (lambda idx=idx: idx.search_batch(qraw, 10,
                                                                                   query_token_counts=qcounts))
                 fns["normrank_arrays"] = (lambda idx=indexes[pads[0]]: idx.search_arrays(
-                    list(qraw), 10, query_token_counts=qcounts))
+                    qraw, 10, query_token_counts=qcounts))
                 nq = 64
             times = interleaved(fns, reps)
         finally:
@@ -715,8 +715,8 @@ def markdown(res: dict[str, Any]) -> str:
          "",
          "Data: synthetic clustered 384-d raw vectors (256 topics, log-normal norms shrinking with length, token "
          "counts 8..256); queries from the same distribution. normrank: `NormIndex` flat, additive blend "
-         "`a=0.02`, raw query vectors in, `Hit` objects out; FAISS: `IndexFlatIP(384)` over the unit vectors, "
-         "normalised queries in, arrays out.", "",
+         "`a=0.02`, raw query vectors in (a batch as one float32 matrix, as FAISS gets it), `Hit` objects out; "
+         "FAISS: `IndexFlatIP(384)` over the unit vectors, normalised queries in, arrays out.", "",
          "## 1. Exact blended top-10 vs FAISS IndexFlatIP top-10", "",
          "| docs | queries | FAISS flat q/s | " + " | ".join(f"normrank (pad_to={p}) q/s | ratio" for p in meta["pads"])
          + f" | `search_arrays` (pad_to={meta['pads'][0]}) q/s | ratio | target (pad_to={meta['pads'][0]}) |",

@@ -57,6 +57,7 @@ class DocColumns:
         self.g = np.zeros(0, dtype=np.float64)  # the shaped feature stored in the FAISS column
         self.alive = np.zeros(0, dtype=bool)
         self._live: np.ndarray | None = None
+        self._id_array: np.ndarray | None = None  # ids as an object array: built by the first id_array()
 
     # ------------------------------------------------------------ size
     def __len__(self) -> int:
@@ -104,6 +105,12 @@ class DocColumns:
             by_id[x] = start + j
         self._count += n
         self._live = None
+        if self._id_array is not None:  # kept up to date once built, growing like the numeric columns
+            if self._id_array.size < self.next:
+                grown = np.empty(max(self.next, 2 * self._id_array.size), dtype=object)
+                grown[:start] = self._id_array[:start]
+                self._id_array = grown
+            self._id_array[sl] = ids
 
     def remove(self, internal: Sequence[int]) -> None:
         by_id = self.by_id
@@ -112,6 +119,8 @@ class DocColumns:
             self.ids[iid] = self.texts[iid] = self.metas[iid] = None
             self.alive[iid] = False
             self._count -= 1
+            if self._id_array is not None:
+                self._id_array[iid] = None
         self._live = None
 
     def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
@@ -123,6 +132,16 @@ class DocColumns:
         if self._live is None:
             self._live = np.flatnonzero(self.alive[: self.next]).astype(np.int64)
         return self._live
+
+    def id_array(self) -> np.ndarray:
+        """The ids by internal id as a NumPy object array, so a whole result matrix of internal ids maps to
+        ids in one ``take`` (a Python loop over 640 hits was ~35 us of a 64-query ``search_arrays``); at
+        least :attr:`next` long (a deleted slot holds ``None``), kept up to date once built."""
+        if self._id_array is None:
+            arr = np.empty(len(self.ids), dtype=object)
+            arr[:] = self.ids
+            self._id_array = arr
+        return self._id_array
 
     def internal_ids(self, wanted: Sequence[str], unknown: str = "unknown ids") -> np.ndarray:
         """Internal ids of ``wanted``, in order; ``UnknownIdError`` naming up to five missing ones."""

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from normrank import batch_topk
+from normrank import DimensionMismatchError, InvalidArgumentError, InvalidVectorError, batch_topk
 from normrank import store as store_mod
 from normrank.scoring import Hit, Weights
 from normrank.store import NormIndex
@@ -365,6 +365,67 @@ def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, er
             call(rows, 10)
         assert type(info.value).__name__ == error
     assert len(index) == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_query_matrix_equals_the_same_queries_as_a_list_of_rows(built, dtype) -> None:
+    """A 2-D float matrix of queries is read in a few NumPy calls (``index_base._plain_batch``) and, for a
+    fixed additive weight on a flat index, searched without the generic path's steps (``_lean_rows``).
+    Hits, values, token counts and errors must be those of the same queries given row by row, which
+    the generic path reads; a filter that keeps everything forces the generic path."""
+    index, _, _, _, queries = built
+    mat = queries[:40].astype(dtype)
+    rows = [r.tolist() for r in mat]
+    for k in (1, 10):
+        want = index.search_batch(rows, k)
+        assert index.search_batch(mat, k) == want == index.search_batch(mat, k, filter={})
+        arrays = index.search_arrays(mat, k)
+        assert arrays.ids == [[h.id for h in row] for row in want]
+        np.testing.assert_array_equal(arrays.scores, np.array([[h.score for h in row] for row in want], np.float32))
+        np.testing.assert_array_equal(arrays.cosines, np.array([[h.cosine for h in row] for row in want]))
+    assert index.search_batch(mat[:3], 5) == index.search_batch(rows[:3], 5)  # below the sgemm batch size
+    tc = list(range(5, 45))
+    assert index.search_batch(mat, 5, query_token_counts=tc) == index.search_batch(rows, 5, query_token_counts=tc)
+    for bad in ([0] * 40, [True] * 40, [5] * 39, [5.0] * 40, [2**31] * 40):
+        with pytest.raises(InvalidArgumentError):
+            index.search_arrays(mat, 5, query_token_counts=bad)
+    for value, error in ((np.nan, InvalidVectorError), (np.inf, InvalidVectorError), (0.0, InvalidVectorError)):
+        broken = mat.copy()
+        broken[7] = value
+        for call in (index.search_batch, index.search_arrays):
+            with pytest.raises(error):
+                call(broken, 5)
+    with pytest.raises(DimensionMismatchError):
+        index.search_arrays(mat[:, :-1], 5)
+    assert index.search_arrays(mat[:0], 5).ids == []
+    tiny = mat.copy()
+    tiny[2] *= 1e-10  # nonzero: accepted, with the checked path's answer
+    assert index.search_batch(tiny, 5) == index.search_batch([r.tolist() for r in tiny], 5)
+
+
+def test_search_arrays_ids_follow_adds_deletes_and_compaction() -> None:
+    """``search_arrays`` maps internal ids to ids through an object array kept once built
+    (``DocColumns.id_array``): after adds, deletes and a compaction it must give the ids ``search_batch`` gives."""
+    raw, counts = _corpus(900, seed=7)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw[:500], counts[:500], ids=[f"a{i}" for i in range(500)])
+    queries = _corpus(20, seed=8)[0]
+
+    def agree() -> None:
+        arrays = index.search_arrays(queries, 10)
+        assert arrays.ids == [[h.id for h in row] for row in index.search_batch(queries, 10)]
+
+    agree()  # builds the id array
+    index.add_vectors(raw[500:], counts[500:], ids=[f"b{i}" for i in range(400)])  # grows it
+    agree()
+    index.delete([f"a{i}" for i in range(0, 500, 2)])  # tombstones: the generic path answers
+    agree()
+    index.delete([f"b{i}" for i in range(0, 400, 2)])  # past the compaction threshold: FAISS drops them
+    assert not index._tombstones
+    agree()
+    index.add_vectors(raw[:3], counts[:3], ids=["new0", "new1", "new2"])
+    agree()
+    assert index.search_arrays(raw[:1], 1).ids == [["new0"]]
 
 
 def test_stacked_query_norms_are_numpys_float64_norms(built) -> None:
