@@ -290,19 +290,7 @@ class RawEncoder:
             if self.model_name == "in-memory":
                 fp = _weights_fingerprint(model)
             else:
-                h = hashlib.sha256()
-                h.update(self.model_name.encode())
-                h.update(str(model.max_seq_length).encode())
-                root = Path(self.model_name)
-                for name in ("modules.json", "config.json", "sentence_bert_config.json", "1_Pooling/config.json"):
-                    p = root / name
-                    if p.is_file():
-                        h.update(p.read_bytes())
-                for name in ("model.safetensors", "pytorch_model.bin"):
-                    p = root / name
-                    if p.is_file():
-                        h.update(str(p.stat().st_size).encode())
-                fp = h.hexdigest()[:16]
+                fp = _folder_fingerprint(self.model_name, int(model.max_seq_length))
             if self.backend != "torch":  # other vectors (int8), so other cache entries; torch's keys unchanged
                 fp = hashlib.sha256(f"{fp}|backend={self.backend}".encode()).hexdigest()[:16]
             self._fingerprint = fp
@@ -470,23 +458,55 @@ MODEL_ON_EVERY_NODE = "must exist at the same path on every node"
 def encoder_from_settings(settings: Mapping[str, Any], *, show_progress: bool | None = None,
                           what: str = "the index", fallback: bool = True) -> RawEncoder:
     """The encoder a saved ``describe()`` names: model, batch size, device, window, backend and, for a
-    :class:`~normrank.pooling.PooledEncoder`, its pooling. A model folder that is not here falls back to
-    the bundled model with a warning (an index moved to another machine still opens), or, with
-    ``fallback=False`` (Ray workers encoding a corpus), is a ``ModelLoadError``: a worker without the
-    folder encoded with the bundled model, its warning hidden on the worker, under the chosen model's name."""
+    :class:`~normrank.pooling.PooledEncoder`, its pooling. A model folder that is not here gives a
+    :class:`MissingModelEncoder` with a warning (an index moved to another machine still opens, and
+    encoding text raises ``ModelLoadError``; the bundled model in its place encoded queries unlike the
+    documents), or, with ``fallback=False`` (Ray workers encoding a corpus), is a ``ModelLoadError`` at
+    once: a worker without the folder encoded with the bundled model, its warning hidden on the worker."""
     model = settings.get("model")
     if model is not None and not Path(str(model)).exists():
         if not fallback:
             raise ModelLoadError(f"the model folder {model!r} that {what} is encoded with is not on this machine; "
                                  f"it {MODEL_ON_EVERY_NODE}")
-        logger.warning("the model %r %s was encoded with is not here; using the bundled model", model, what)
-        model = None
+        missing = MissingModelEncoder(settings, what)
+        logger.warning("%s", missing.message)
+        return missing  # type: ignore[return-value]
     from normrank.candidate_vectors import build_encoder
 
     return build_encoder(model, pooling=settings.get("pooling", "mean"), sif_a=settings.get("sif_a", 1e-3),
                          batch_size=settings.get("batch_size", 64), device=settings.get("device", "cpu"),
                          max_seq_length=settings.get("max_seq_length"), backend=settings.get("backend", "torch"),
                          show_progress=show_progress)
+
+
+class MissingModelEncoder:
+    """Stands in for the encoder of a saved index whose model folder is not on this machine.
+
+    Why: loading fell back to the bundled model with a logged warning; every text query of the index was
+    then encoded by another model than its documents (wrong hits, exit code 0), and the next save wrote
+    the bundled model into the index as its encoder, so the mistake outlived the missing folder. Now the
+    index still opens (searches by vector, deletes, saves), ``describe()`` keeps the recorded settings
+    (a save writes them back unchanged), and anything that needs the model raises ``ModelLoadError``
+    saying where it should be.
+    """
+
+    def __init__(self, settings: Mapping[str, Any], what: str = "the index") -> None:
+        self._settings = dict(settings)
+        self.model_name = str(settings.get("model"))
+        self.message = (f"the model folder {self.model_name!r} that {what} was encoded with is not on this "
+                        "machine: put it back at that path, or load the index with the encoder to use "
+                        "(encoder=RawEncoder('<folder>')); text cannot be encoded until then")
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._settings)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ModelLoadError(self.message)
+
+    def __repr__(self) -> str:
+        return f"MissingModelEncoder(model={self.model_name!r})"
 
 
 def warn_if_other_encoder(saved: Mapping[str, Any] | None, encoder: Any, what: str = "the index") -> None:
@@ -537,6 +557,53 @@ def truncation_summary(token_counts: Sequence[int] | np.ndarray, max_tokens: int
 def _dimension(model: Any) -> int:
     getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     return int(getter())
+
+
+def _folder_fingerprint(model_name: str, max_seq_length: int) -> str:
+    """The cache key of a model folder: the content of every file that shapes a vector.
+
+    Why content: a model retrained and saved over the old one keeps its weight file's size, and the
+    size-based key of 0.2.0 served the old model's cached vectors to ``eval`` and ``index`` (reading
+    90 MB takes ~0.2 s, once per encoder). The bundled package's weights never change in place, so it
+    keeps the 0.2.0 key and the caches written under it.
+    """
+    h = hashlib.sha256()
+    h.update(model_name.encode())
+    h.update(str(max_seq_length).encode())
+    root = Path(model_name)
+    legacy = _is_bundled(root)
+    for name in _LEGACY_FINGERPRINT_FILES if legacy else _FINGERPRINT_FILES:
+        p = root / name
+        if not p.is_file():
+            continue
+        if legacy and name in _WEIGHT_FILES:
+            h.update(str(p.stat().st_size).encode())
+        elif legacy:
+            h.update(p.read_bytes())
+        else:
+            h.update(name.encode())
+            with p.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _is_bundled(root: Path) -> bool:
+    try:
+        return root.resolve() == default_model_path().resolve()
+    except (ModelLoadError, OSError):
+        return False
+
+
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_LEGACY_FINGERPRINT_FILES = ("modules.json", "config.json", "sentence_bert_config.json", "1_Pooling/config.json",
+                             *_WEIGHT_FILES)
+#: The files of a sentence-transformers folder whose content :attr:`RawEncoder.fingerprint` hashes.
+_FINGERPRINT_FILES: tuple[str, ...] = (
+    "modules.json", "config.json", "sentence_bert_config.json", "1_Pooling/config.json",
+    "tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json", "sentencepiece.bpe.model",
+    "spiece.model", "merges.txt", "vocab.json", *_WEIGHT_FILES,
+)
 
 
 def _weights_key(model_name: str, model: Any) -> str:

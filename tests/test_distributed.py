@@ -194,4 +194,8 @@ def test_a_model_folder_missing_on_a_worker_fails_instead_of_encoding_with_anoth
     monkeypatch.undo()
     from normrank.encoders import encoder_from_settings
 
-    assert encoder_from_settings({"model": str(folder)}).model_name != str(folder)  # a load still falls back
+    # a load opens without the folder, but cannot encode text with any other model
+    stand_in = encoder_from_settings({"model": str(folder)})
+    with pytest.raises(ModelLoadError, match="is not on this machine"):
+        stand_in.encode(["a text"])
+    assert stand_in.describe() == {"model": str(folder)}

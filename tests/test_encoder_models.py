@@ -209,3 +209,78 @@ def test_the_onnx_backend_gives_each_models_torch_vectors(tiny_models, name, tmp
     np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-4)
     int8 = RawEncoder(folder, backend="onnx-int8", show_progress=False).encode(TEXTS)
     assert int8.shape == ref.shape and np.all(np.isfinite(int8))
+
+
+def test_a_model_retrained_in_place_gets_a_new_fingerprint(tiny_models, tmp_path):
+    """Retraining saves weights of the same size over the old ones; the cache key must change with the
+    content (a size-based key served the old model's cached vectors to eval and index), and with the
+    tokenizer's vocabulary too."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from normrank.cache import encode_cached
+
+    folder = tmp_path / "mine"
+    shutil.copytree(tiny_models["bert768-cls"], folder)
+    texts = ["a short note", "another, somewhat longer note about rivers"]
+    before = RawEncoder(str(folder))
+    old_fp = before.fingerprint
+    old_vecs = encode_cached(before, texts, folder=tmp_path / "cache")[0]
+    weights = folder / "model.safetensors"
+    size = weights.stat().st_size
+    tensors = load_file(str(weights))
+    name = next(k for k, v in tensors.items() if v.ndim == 2)
+    tensors[name] = tensors[name] + np.float32(0.05)
+    with safe_open(str(weights), "np") as f:
+        meta = f.metadata()
+    save_file(tensors, str(weights), metadata=meta)
+    assert weights.stat().st_size == size  # the same size: only the content tells the models apart
+    after = RawEncoder(str(folder))
+    assert after.fingerprint != old_fp
+    new_vecs = encode_cached(after, texts, folder=tmp_path / "cache")[0]
+    np.testing.assert_allclose(new_vecs, after.encode(texts), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(new_vecs, old_vecs)
+    vocab = folder / "vocab.txt"
+    if vocab.is_file():
+        vocab.write_text(vocab.read_text(encoding="utf-8") + "zzzunseen\n", encoding="utf-8")
+        assert RawEncoder(str(folder)).fingerprint != after.fingerprint
+
+
+def test_an_index_whose_model_folder_is_gone_refuses_text_and_keeps_its_encoder(tiny_models, tmp_path, caplog):
+    """A saved index whose model folder is missing still opens; text cannot be encoded (``ModelLoadError``)
+    instead of being encoded by the bundled model, and a save writes the recorded encoder back unchanged,
+    so once the folder is back the index encodes queries as its documents were encoded."""
+    import json
+    import logging
+    import shutil
+
+    from normrank import ModelLoadError, NormIndex
+
+    folder = tmp_path / "mine"
+    shutil.copytree(tiny_models["bert768-cls"], folder)
+    index = NormIndex(RawEncoder(str(folder)))
+    texts = [f"note {i} about rivers and {'mountains ' * (i % 5)}" for i in range(30)]
+    index.add_texts(texts, ids=[f"d{i}" for i in range(30)])
+    index.save(tmp_path / "idx")
+    vector = index.encoder.encode(["rivers and mountains"])[0]
+    aside = tmp_path / "aside"
+    folder.rename(aside)
+    with caplog.at_level(logging.WARNING, logger="normrank"):
+        loaded = NormIndex.load(tmp_path / "idx")
+    assert "is not on this machine" in caplog.text
+    with pytest.raises(ModelLoadError, match="mine"):
+        loaded.search("rivers and mountains", 5)
+    with pytest.raises(ModelLoadError, match="mine"):
+        loaded.add_texts(["one more note"])
+    assert [h.id for h in loaded.search(vector, 5, query_token_count=6)] == [
+        h.id for h in index.search(vector, 5, query_token_count=6)]
+    loaded.delete(["d0"])
+    loaded.save(tmp_path / "idx")  # keeps the recorded encoder, not the bundled model's
+    state = json.loads((tmp_path / "idx" / "current" / "state.json").read_text())
+    assert state["encoder"]["model"] == str(folder)
+    aside.rename(folder)
+    back = NormIndex.load(tmp_path / "idx")
+    index.delete(["d0"])
+    assert [h.id for h in back.search("rivers and mountains", 5)] == [h.id for h in index.search("rivers and mountains", 5)]
