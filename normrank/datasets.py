@@ -6,7 +6,6 @@ Layout: ``corpus.jsonl[.gz]`` (``_id``, ``title``, ``text``), ``queries.jsonl[.g
 
 from __future__ import annotations
 
-import csv
 import gzip
 import json
 import os
@@ -194,7 +193,17 @@ def add_judgment(qrels: dict[str, dict[str, int]], seen: dict[tuple[str, str], i
     qrels.setdefault(q, {})[d] = grade
 
 
-def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> dict[str, dict[str, int]]:
+def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
+    """The judgments of a qrels file, for ``eval`` and ``fit`` alike.
+
+    BEIR's ``query-id<TAB>corpus-id<TAB>score`` (a header optional, further columns ignored); lines
+    without a tab split on white space, where four fields with ``0`` or ``Q0`` second are TREC's
+    ``qid iter docid rel``. Why one reader: ``fit`` split every line on white space, so an id with a
+    space (``normrank index`` names a file ``my notes/a.txt``) became two fields, and it read a BEIR
+    line with an extra column as TREC; ``eval`` split on tabs and read TREC's columns as BEIR's. A BEIR
+    line with a fourth column and the corpus id ``0`` reads as TREC.
+    """
+    path = Path(path)
     if not path.is_file():
         raise DatasetError(f"no qrels file {path}")
     qrels: dict[str, dict[str, int]] = {}
@@ -203,13 +212,22 @@ def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str])
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    for no, row in enumerate(csv.reader(text.splitlines(), delimiter="\t"), 1):
-        if not row or (no == 1 and row[0].strip().lower() in ("query-id", "query_id", "qid")):
+    for no, line in enumerate(text.splitlines(), 1):
+        row = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+        if not any(row) or (no == 1 and row[0].lower() in ("query-id", "query_id", "qid")):
             continue
-        if len(row) < 3:
-            raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score")
-        q, d, s = row[0].strip(), row[1].strip(), row[2].strip()
-        add_judgment(qrels, seen, q, d, qrels_grade(s, path, no), path, no)
+        if len(row) == 4 and row[1] in ("0", "Q0"):  # TREC, white space or tabs: qid iter docid rel
+            row = [row[0], row[2], row[3]]
+        if len(row) < 3 or not row[0] or not row[1]:
+            raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {line!r}")
+        add_judgment(qrels, seen, row[0], row[1], qrels_grade(row[2], path, no), path, no)
+    if not qrels:
+        raise DatasetError(f"{path} holds no judgments")
+    return qrels
+
+
+def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str]) -> dict[str, dict[str, int]]:
+    qrels = read_qrels_file(path)
     bad_q = [q for q in qrels if q not in queries]
     bad_d = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
     if bad_q or bad_d:

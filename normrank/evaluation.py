@@ -32,7 +32,7 @@ import numpy as np
 from scipy import stats
 
 from normrank.cache import encode_cached
-from normrank.datasets import add_judgment, available_splits, load_beir, load_qrels, qrels_grade
+from normrank.datasets import available_splits, load_beir, load_qrels, read_qrels_file
 from normrank.encoders import RawEncoder
 from normrank.errors import DatasetError, EmptyCorpusError, InvalidArgumentError, MissingExtraError
 from normrank.fitting import check_fit_kwargs, check_qrels, fit_candidates
@@ -157,31 +157,15 @@ def load_collection(path: str | os.PathLike[str], splits: Sequence[str], encoder
 
 
 def read_qrels(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
-    """A qrels TSV (``query-id  corpus-id  score``, header optional; TREC's 4 columns also work).
+    """A qrels file (BEIR's ``query-id<TAB>corpus-id<TAB>score``, header optional; TREC's 4 columns also
+    work), read as ``normrank eval`` reads it (:func:`normrank.datasets.read_qrels_file`).
 
     Raises
     ------
     DatasetError
         The file is missing or a line is malformed (the line is named).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"no qrels file {path}")
-    qrels: dict[str, dict[str, int]] = {}
-    seen: dict[tuple[str, str], int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for no, line in enumerate(fh, 1):
-            row = line.split()
-            if not row or (no == 1 and row[0].lower() in ("query-id", "query_id", "qid")):
-                continue
-            if len(row) == 4:  # TREC: qid iter docid rel
-                row = [row[0], row[2], row[3]]
-            if len(row) != 3:
-                raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {len(row)} fields")
-            add_judgment(qrels, seen, row[0], row[1], qrels_grade(row[2], path, no), path, no)
-    if not qrels:
-        raise DatasetError(f"{path} holds no judgments")
-    return qrels
+    return read_qrels_file(path)
 
 
 # ---------------------------------------------------------------- optional packages
@@ -462,7 +446,9 @@ def format_report(result: Mapping[str, Any]) -> str:
     """The human-readable table ``normrank eval`` prints without ``--json``."""
     lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
              f"{result['n_docs']} documents"
-             + (f", {result['skipped_empty_docs']} empty documents skipped" if result["skipped_empty_docs"] else ""),
+             + (f", {result['skipped_empty_docs']} empty documents skipped" if result["skipped_empty_docs"] else "")
+             + (f", {result['skipped_empty_queries']} judged queries without text left out"
+                if result.get("skipped_empty_queries") else ""),
              "",
              f"  {'run':<10} {'nDCG@10':>8} {'R@100':>8} {'p(nDCG) vs cos':>15} {'up/down':>9}"]
     for name, m in result["runs"].items():

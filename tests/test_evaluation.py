@@ -77,6 +77,33 @@ def test_read_qrels_accepts_beir_and_trec_layouts(tmp_path):
     assert read_qrels(trec) == want
 
 
+def test_fit_and_eval_read_one_qrels_file_alike(tmp_path):
+    """``fit`` (``read_qrels``) split on white space and ``eval`` (``load_beir``) on tabs: an id with a
+    space (``normrank index`` names files ``my notes/a.txt``) became two fields for ``fit``, and TREC's
+    columns read as BEIR's in ``eval``. One reader now: both give the same judgments."""
+    import json
+
+    from normrank.datasets import load_beir
+
+    folder = tmp_path / "coll"
+    (folder / "qrels").mkdir(parents=True)
+    docs = {"my notes/d0.txt": "rivers", "my notes/d1.txt": "mountains", "184": "wings"}
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"_id": k, "text": v}) + "\n" for k, v in docs.items()))
+    (folder / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": q}) + "\n" for q in ("q0", "1")))
+    layouts = {
+        "beir": "query-id\tcorpus-id\tscore\nq0\tmy notes/d0.txt\t1\nq0\tmy notes/d1.txt\t0\n1\t184\t3\n",
+        "beir, extra column": "q0\tmy notes/d0.txt\t1\tx\nq0\tmy notes/d1.txt\t0\tx\n1\t184\t3\tx\n",
+        "trec, tabs": "q0\t0\tmy notes/d0.txt\t1\nq0\t0\tmy notes/d1.txt\t0\n1\t0\t184\t3\n",
+    }
+    want = {"q0": {"my notes/d0.txt": 1, "my notes/d1.txt": 0}, "1": {"184": 3}}
+    for name, text in layouts.items():
+        (folder / "qrels" / "test.tsv").write_text(text)
+        assert read_qrels(folder / "qrels" / "test.tsv") == want, name
+        assert load_beir(folder).qrels == want, name
+    (folder / "qrels" / "test.tsv").write_text("1 0 184 3\n")  # TREC with spaces: ids without spaces
+    assert read_qrels(folder / "qrels" / "test.tsv") == load_beir(folder).qrels == {"1": {"184": 3}}
+
+
 def test_read_qrels_names_the_bad_line(tmp_path):
     bad = tmp_path / "q.tsv"
     bad.write_text("q1\td1\t1\nq2\td2\n")
@@ -250,3 +277,26 @@ def test_evaluate_train_then_test_on_a_split_folder(data_dir, tmp_path, encoder)
     assert set(res["runs"]) == {"cosine", "bm25", "rawdot", "normrank"}
     text = format_report(res)
     assert "train queries" in text and "verdict:" in text
+
+
+def test_the_text_report_says_judged_queries_without_text_were_left_out(data_dir, tmp_path, encoder):
+    """A judged query with no text is left out of the evaluation; ``--json`` counted it, the text report
+    did not say so."""
+    import json
+    import shutil
+
+    from normrank.evaluation import evaluate, format_report
+
+    src = data_dir / "cranfield"
+    if not src.is_dir():
+        pytest.skip("cranfield not in the data folder")
+    folder = tmp_path / "cran-blank"
+    shutil.copytree(src, folder)
+    rows = [json.loads(x) for x in (folder / "queries.jsonl").read_text().splitlines() if x.strip()]
+    judged = {line.split("\t")[0] for line in (folder / "qrels" / "test.tsv").read_text().splitlines()[1:]}
+    blank = next(r for r in rows if r["_id"] in judged)
+    blank["text"] = ""
+    (folder / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = evaluate(folder, encoder=encoder, show_progress=False)
+    assert res["skipped_empty_queries"] == 1
+    assert "1 judged queries without text left out" in format_report(res)
