@@ -53,7 +53,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
                 raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
             for f in files:
                 rel = f.relative_to(path).as_posix()
-                rows.append((rel, read_text_file(f).strip(), {"path": rel}))
+                rows.append((rel, read_text_file(f), {"path": rel}))
     elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
         rows = _jsonl_rows(iter_jsonl(path), path)
     elif path.exists():

@@ -192,3 +192,23 @@ def test_chunker_counts_with_a_private_tokenizer_under_threads(encoder):
             assert r == expected
         else:
             assert np.array_equal(r, np.full(8, 256))
+
+
+def test_chunk_offsets_index_the_file_as_python_reads_it(tmp_path, encoder):
+    """``start``/``end`` indexed the file's text with its surrounding white space stripped, so a passage
+    highlighted in the file landed on the wrong characters whenever the file began with a blank line."""
+    from normrank.chunking import chunk_texts
+    from normrank.sources import read_source
+
+    para = "Rivers carve valleys over long spans of time, and the valleys guide later rivers. " * 12
+    (tmp_path / "notes.md").write_text("\n\n  " + para + "\n\n" + para.replace("Rivers", "Glaciers") + "\n\n",
+                                       encoding="utf-8")
+    (tmp_path / "crlf.txt").write_bytes(("\r\n" + para + "\r\n\r\n" + para).encode("utf-8"))
+    ids, texts, metas, skipped = read_source(tmp_path)
+    assert not skipped
+    cids, ctexts, cmetas = chunk_texts(texts, ids, metas, encoder=encoder, size=64, overlap=8)
+    assert len(cids) > len(ids)
+    for text, meta in zip(ctexts, cmetas):
+        with open(tmp_path / meta["path"], encoding="utf-8") as f:
+            whole = f.read()
+        assert whole[meta["start"]:meta["end"]] == text
