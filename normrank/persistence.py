@@ -33,6 +33,7 @@ pickle, and a FAISS file, so it never executes data either way.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import hashlib
@@ -221,6 +222,11 @@ def write_versioned(
     if root.exists() and not root.is_dir():
         raise IndexFormatError(f"{root} exists and is not a folder")
     _check_owned(root)
+    if _copied_without_links(root):
+        raise IndexFormatError(
+            f"{root} is a copy of a saved index whose '{CURRENT}' link became a folder (cp -r, shutil.copytree): "
+            "nothing was saved. Load it and save it to a new folder, or copy it keeping links "
+            "(cp -a, shutil.copytree(..., symlinks=True))")
     had_save = os.path.lexists(root / CURRENT)
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -233,6 +239,7 @@ def write_versioned(
                                               "note": "normrank writes and removes only its own entries here"})
             version = root / f"v-{uuid.uuid4().hex}"
             version.mkdir()
+            link: Path | None = None
             try:
                 _write_marker(version / VERSION_MARKER, {"kind": "normrank index version"})
                 write_files(version)
@@ -250,6 +257,9 @@ def write_versioned(
                 os.symlink(version.name, link)
                 os.replace(link, root / CURRENT)
             except BaseException:
+                if link is not None and os.path.lexists(link):  # not published: no link left behind
+                    with contextlib.suppress(OSError):
+                        os.unlink(link)
                 shutil.rmtree(version, ignore_errors=True)
                 raise
             _fsync_dir(root)
@@ -265,6 +275,14 @@ def write_versioned(
             + ("the previous save is intact" if had_save else "nothing was saved")
         ) from exc
     return version
+
+
+def _copied_without_links(root: Path) -> bool:
+    """Whether ``root/current`` is a version folder itself, not the link to one: what ``cp -r`` and
+    ``shutil.copytree`` (``symlinks=False``) make of a saved index. It loads as it is; a save into it is
+    refused (a folder cannot be swapped for a link in one atomic step)."""
+    current = root / CURRENT
+    return not current.is_symlink() and current.is_dir() and (current / VERSION_MARKER).is_file()
 
 
 def _owned_version(p: Path) -> bool:
@@ -304,16 +322,19 @@ def _plain_name(name: object) -> bool:
 def _verify(root: Path, format_version: int, required: Iterable[str],
             deferred: Iterable[str] = ()) -> tuple[Path, dict[str, Any]]:
     current = root / CURRENT
-    if not current.is_symlink():
+    if _copied_without_links(root):
+        folder = current  # a copy that turned the link into the version folder itself (cp -r, copytree)
+    elif not current.is_symlink():
         raise IndexFormatError(f"{root} is not a saved normrank index (no '{CURRENT}' version link)")
-    target = os.readlink(current)
-    if not _plain_name(target) or not target.startswith("v-"):
-        raise IndexFormatError(f"{current} points at {target!r}, outside the index folder; refusing to follow it")
-    folder = root / target
-    if folder.is_symlink():
-        raise IndexFormatError(f"{folder} is a symbolic link; refusing to follow it out of the index folder")
-    if not folder.is_dir():
-        raise IndexFormatError(f"{current} points at {target}, which is missing: the index folder was altered")
+    else:
+        target = os.readlink(current)
+        if not _plain_name(target) or not target.startswith("v-"):
+            raise IndexFormatError(f"{current} points at {target!r}, outside the index folder; refusing to follow it")
+        folder = root / target
+        if folder.is_symlink():
+            raise IndexFormatError(f"{folder} is a symbolic link; refusing to follow it out of the index folder")
+        if not folder.is_dir():
+            raise IndexFormatError(f"{current} points at {target}, which is missing: the index folder was altered")
     try:
         with open_nofollow(folder / MANIFEST, "r") as fh:
             manifest = json.loads(fh.read())

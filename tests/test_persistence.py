@@ -186,6 +186,52 @@ def test_failed_write_keeps_previous_and_leaves_no_debris(tmp_path):
     assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1
 
 
+def test_a_failed_publish_leaves_no_link_behind(tmp_path, monkeypatch):
+    """When the atomic swap of ``current`` itself fails, the version folder was removed but the staged
+    ``.current-<hex>`` link to it stayed, dangling; now neither is left and the previous save loads."""
+    root = tmp_path / "idx"
+    index = make_index(n=30)
+    index.save(root)
+    before = snapshot(NormIndex.load(root))
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if Path(dst).name == persistence.CURRENT:
+            raise OSError(5, "Input/output error")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(persistence.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="Input/output error"):
+        index.save(root)
+    monkeypatch.undo()
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".current-")) == []
+    assert len([p for p in root.iterdir() if p.name.startswith("v-")]) == 1
+    assert snapshot(NormIndex.load(root)) == before
+
+
+def test_an_index_copied_without_its_links_loads_and_a_save_into_it_is_refused(tmp_path):
+    """``cp -r`` and ``shutil.copytree`` turn the ``current`` link into a copy of the version folder. It
+    loads as it is; a save into it is refused by name before anything is written (the folder cannot be
+    swapped for a link atomically), and saving the loaded index to a new folder works."""
+    import shutil
+
+    root = tmp_path / "idx"
+    index = make_index(n=30)
+    index.save(root)
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    assert not (copy / persistence.CURRENT).is_symlink()
+    loaded = NormIndex.load(copy)
+    assert snapshot(loaded) == snapshot(NormIndex.load(root))
+    listing = sorted(p.name for p in copy.iterdir())
+    with pytest.raises(IndexFormatError, match="cp -a"):
+        loaded.save(copy)
+    assert sorted(p.name for p in copy.iterdir()) == listing
+    assert snapshot(NormIndex.load(copy)) == snapshot(loaded)
+    loaded.save(tmp_path / "fresh")
+    assert snapshot(NormIndex.load(tmp_path / "fresh")) == snapshot(loaded)
+
+
 # ------------------------------------------------------------------ crashes
 
 CHILD = textwrap.dedent("""
