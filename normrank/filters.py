@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from normrank._validation import check_metadata
-from normrank.errors import InvalidArgumentError
+from normrank.errors import InvalidArgumentError, NormRankError
 
 MetadataFilter = Mapping[str, Any] | Callable[[Mapping[str, Any]], bool]
 Predicate = Callable[[Mapping[str, Any]], bool]
@@ -45,13 +45,35 @@ def check_filter(flt: Any, *, allow_nul: bool = True) -> MetadataFilter | None:
     if flt is None:
         return None
     if callable(flt):
-        return flt
+        return _named_errors(flt)
     if not isinstance(flt, Mapping):
         raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(flt).__name__}")
     if not flt:
         return None
     predicate = _compile(flt, "filter", allow_nul)
     return flt if is_plain(flt) else predicate
+
+
+def _named_errors(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    """A caller's filter function whose failures are named: it is called with each document's metadata
+    dict, and one written for LangChain's ``InMemoryVectorStore`` (which passes a ``Document``) failed
+    with a bare ``AttributeError: 'dict' object has no attribute 'metadata'``."""
+    if getattr(fn, "_normrank_guarded", False):
+        return fn
+
+    def guarded(metadata: dict[str, Any]) -> Any:
+        try:
+            return fn(metadata)
+        except NormRankError:
+            raise
+        except Exception as exc:
+            raise InvalidArgumentError(
+                f"the filter function raised {type(exc).__name__}: {exc}. normrank calls it with each "
+                "document's metadata dict (LangChain's InMemoryVectorStore passes a Document: use "
+                "lambda m: m['key'] == value, or a dict filter)") from exc
+
+    guarded._normrank_guarded = True  # type: ignore[attr-defined]
+    return guarded
 
 
 def is_plain(flt: Mapping[str, Any]) -> bool:

@@ -144,6 +144,41 @@ class SearchableIndex(Protocol):
                   metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
+def upsert_vectors(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: list[str],
+                   texts: Sequence[str | None], metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Add a batch, replacing the documents whose ids the index holds (the frameworks' upsert); if the
+    add fails, the replaced documents are put back, so a refused batch loses nothing. The caller holds
+    its store's write lock; the ids are distinct (the index names a repeat)."""
+    existing = [x for x in ids if x in index]
+    old_records, old_vectors = [], None
+    if existing:
+        if isinstance(index, BlendIndexBase):  # what the add would refuse, refused before anything is deleted
+            index._check_batch(vectors, counts, texts, metadatas, empty=False)
+        old_records = index.get(existing)
+        old_vectors = np.asarray(index.vectors(existing), dtype=np.float32)
+        index.delete(existing)
+    try:
+        return index.add_vectors(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
+    except BaseException:
+        for rec, vec in zip(old_records, old_vectors if old_vectors is not None else []):
+            # One at a time: a batch of restored documents must not trip a batch-level check.
+            index.add_vectors(vec[None, :], [rec.token_count], ids=[rec.id], texts=[rec.text],
+                              metadatas=[rec.metadata])
+        raise
+
+
+def held_documents(index: Any) -> bool:
+    """Whether an index has held documents, now or before: its calibration was fitted on them.
+
+    Why: the adapters refuse to search an empty index (``EmptyCorpusError``) because one that never held
+    a document usually sits at a misplaced ``store.path`` or table. An index emptied by deletes is not
+    that: the frameworks' own stores answer it with no results, and so do normrank's. Fitted once, a
+    calibration stays with the index through deletes, saves and loads (a new index at a wrong path has
+    none), so it tells the two apart across processes too.
+    """
+    return len(index) > 0 or bool(getattr(getattr(index, "calibrator", None), "is_fitted", False))
+
+
 def search_up_to(index: SearchableIndex, query: Any, k: int, on_empty: Callable[[], list[Hit]], *,
                  filter: Any = None, query_token_count: int | None = None) -> list[Hit]:
     """The blended top-``k`` of ``index``, ``k`` clamped to the documents it holds when it searches.

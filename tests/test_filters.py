@@ -138,8 +138,13 @@ def test_check_filter_keeps_plain_dicts_and_compiles_operators():
     assert check_filter(None) is None and check_filter({}) is None
     pred = check_filter({"n": {"$gt": 1}})
     assert callable(pred) and pred({"n": 2}) and not pred({"n": 1}) and not pred({})
-    fn = lambda m: True
-    assert check_filter(fn) is fn
+    fn = lambda m: m["n"] > 1
+    guarded = check_filter(fn)
+    assert guarded({"n": 2}) is True and guarded({"n": 0}) is False and check_filter(guarded) is guarded
+    # a filter written for LangChain's InMemoryVectorStore (it gets a Document): a named error that says why
+    with pytest.raises(InvalidArgumentError, match="metadata dict") as info:
+        check_filter(lambda doc: doc.metadata["n"] > 1)({"n": 2})
+    assert isinstance(info.value.__cause__, AttributeError)
     assert same(True, True) and not same(True, 1) and not same(0, False) and same(1, 1.0)
     assert same([1, {"a": True}], (1, {"a": True})) and not same([1, {"a": True}], [1, {"a": 1}])
 

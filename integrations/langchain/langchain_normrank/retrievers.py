@@ -37,7 +37,7 @@ from langchain_normrank._shared import (
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.errors import InvalidArgumentError
-from normrank.index_base import search_up_to
+from normrank.index_base import held_documents, search_up_to
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
 
@@ -94,7 +94,7 @@ class NormRankRetriever(BaseRetriever):
 
     @model_validator(mode="after")
     def _warn_if_empty(self) -> NormRankRetriever:
-        if not self.allow_empty and len(self.index) == 0:
+        if not self.allow_empty and not held_documents(self.index):
             warn_empty("retriever")
         return self
 
@@ -175,7 +175,7 @@ class NormRankRetriever(BaseRetriever):
         retriever._empty_hint = (f" (pgvector table {s.table!r})" if s.backend == "pgvector"
                                  else f" (store.path {s.path!r} holds no saved index)" if s.path else "")
         retriever.allow_empty = allow_empty
-        if not allow_empty and len(index) == 0:
+        if not allow_empty and not held_documents(index):
             warn_empty("retriever" + retriever._empty_hint)
         return retriever
 
@@ -201,7 +201,7 @@ class NormRankRetriever(BaseRetriever):
         return k, self.filter if filter is None else filter
 
     def _empty(self) -> list[Hit]:
-        if not self.allow_empty:
+        if not (self.allow_empty or held_documents(self.index)):  # emptied by deletes answers []
             raise empty_error("retriever" + self._empty_hint)
         return []
 

@@ -76,7 +76,7 @@ from normrank.errors import (
     UnknownIdError,
 )
 from normrank.filters import check_filter
-from normrank.index_base import search_up_to
+from normrank.index_base import held_documents, search_up_to, upsert_vectors
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
 
@@ -220,7 +220,7 @@ class NormRankVectorStore(VectorStore):
         self._default_search_kwargs: dict[str, Any] = {}
         self._empty_hint = ""
         self.allow_empty = fresh if allow_empty is None else bool(allow_empty)
-        if not self.allow_empty and len(index) == 0:
+        if not self.allow_empty and not held_documents(index):
             warn_empty("vector store")
 
     # ------------------------------------------------------------ properties
@@ -326,20 +326,7 @@ class NormRankVectorStore(VectorStore):
     def _upsert(self, vectors: np.ndarray, counts: Sequence[int], ids: list[str], texts: list[str],
                 metadatas: list[Mapping[str, Any]]) -> list[str]:
         """Delete the ids that exist, add the batch; if the add fails, put the old documents back."""
-        existing = [x for x in ids if x in self.index]
-        old_records, old_vectors = [], None
-        if existing:
-            old_records = self.index.get(existing)
-            old_vectors = np.asarray(self.index.vectors(existing), dtype=np.float32)
-            self.index.delete(existing)
-        try:
-            return self.index.add_vectors(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
-        except BaseException:
-            for rec, vec in zip(old_records, old_vectors if old_vectors is not None else []):
-                # One at a time: a batch of restored documents must not trip a batch-level check.
-                self.index.add_vectors(vec[None, :], [rec.token_count], ids=[rec.id], texts=[rec.text],
-                                       metadatas=[rec.metadata])
-            raise
+        return upsert_vectors(self.index, vectors, counts, ids, texts, metadatas)
 
     def add_documents(self, documents: list[Document], **kwargs: Any) -> list[str]:
         """Add documents under ``ids`` (else each ``Document.id``, else new ids); returns the ids.
@@ -411,7 +398,7 @@ class NormRankVectorStore(VectorStore):
 
     def _empty_result(self) -> list[Hit]:
         """``[]`` for an empty store when that is allowed, else the error that says why it is empty."""
-        if self.allow_empty:
+        if self.allow_empty or held_documents(self.index):  # emptied by deletes: as InMemoryVectorStore
             return []
         raise empty_error("vector store" + self._empty_hint)
 
@@ -494,8 +481,10 @@ class NormRankVectorStore(VectorStore):
         """
         k = check_k(k)
         fetch_k = check_k(fetch_k, "fetch_k")
-        if isinstance(lambda_mult, bool) or not isinstance(lambda_mult, (int, float)) or not 0 <= lambda_mult <= 1:
+        if (isinstance(lambda_mult, (bool, np.bool_)) or not isinstance(lambda_mult, (int, float, np.integer, np.floating))
+                or not 0 <= lambda_mult <= 1):  # NumPy numbers too, as InMemoryVectorStore takes them (k as well)
             raise InvalidArgumentError(f"lambda_mult must be a number in [0, 1], got {lambda_mult!r}")
+        lambda_mult = float(lambda_mult)
         vec, flt = self._door(query, vector, k, flt)
         if len(self.index) == 0:
             return self._empty_result()
@@ -553,7 +542,7 @@ class NormRankVectorStore(VectorStore):
     # ------------------------------------------------------------ builders
     def _settle_empty(self, allow_empty: bool | None, default: bool) -> None:
         self.allow_empty = default if allow_empty is None else bool(allow_empty)
-        if not self.allow_empty and len(self.index) == 0:
+        if not self.allow_empty and not held_documents(self.index):
             warn_empty("vector store" + self._empty_hint)
 
     @classmethod

@@ -199,9 +199,13 @@ def test_mmr_diversifies_within_the_blended_candidates(store, blended_index, que
         assert len(set(_ids(diverse))) == 4 and set(_ids(diverse)) <= set(top)
         assert _ids(diverse)[0] == top[0]  # the most relevant document always comes first
         changed += _ids(diverse) != top[:4]
+        # a NumPy number (what a config or an array gives) is taken, as InMemoryVectorStore takes it
+        assert _ids(store.max_marginal_relevance_search(q, k=4, fetch_k=12, lambda_mult=np.float32(0.2))) == \
+            _ids(diverse)
     assert changed > 0
-    with pytest.raises(InvalidArgumentError, match="lambda_mult"):
-        store.max_marginal_relevance_search("x y", lambda_mult=2)
+    for bad in (2, np.float64(1.5), True, np.bool_(True), "0.5"):
+        with pytest.raises(InvalidArgumentError, match="lambda_mult"):
+            store.max_marginal_relevance_search("x y", lambda_mult=bad)
 
 
 # ---------------------------------------------------------------- writing
@@ -264,7 +268,7 @@ def test_unit_norm_embeddings_are_refused_and_nothing_stored_is_lost(encoder, st
         on_store.add_texts(["A replacement for the first document."], ids=[ids_before[0]])
     with pytest.raises(UnitNormError, match="raw"):
         on_store.similarity_search("stars")
-    assert store.index.ids()[:-1] == ids_before[1:] and sorted(store.index.ids()) == sorted(ids_before)
+    assert store.index.ids() == ids_before  # refused before the replaced document was taken out: same order
     assert store.get_by_ids([ids_before[0]])[0].page_content.startswith(
         demo_rows("demo_corpus.jsonl")[0]["title"])
 
@@ -554,6 +558,45 @@ def test_an_empty_store_from_a_wrong_path_warns_and_raises(tmp_path, encoder):
         NormRankVectorStore(index=NormIndex(encoder))
     filled = NormRankVectorStore.from_config(config, documents=[Document(page_content="Tides follow the Moon.")])
     assert filled.similarity_search("What causes tides?", k=1)[0].page_content == "Tides follow the Moon."
+
+
+def test_a_store_emptied_by_deletes_returns_nothing_like_inmemory(tmp_path, encoder):
+    """A loaded store whose documents the user deletes is emptied, not misplaced: [] as
+    InMemoryVectorStore returns, for searches and retrievers, also after a save and a load; the
+    index's fitted calibration is what tells it from a never-filled index at a wrong path."""
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from langchain_normrank import NormRankRetriever
+
+    emb = NormRankEmbeddings(encoder=encoder)
+    NormRankVectorStore.from_texts(["Tides follow the Moon.", "Volcanoes erupt."], emb, ids=["1", "2"]).save_local(
+        str(tmp_path / "two"))
+    store = NormRankVectorStore.load_local(str(tmp_path / "two"), emb)
+    stock = InMemoryVectorStore(emb)
+    stock.add_texts(["Tides follow the Moon.", "Volcanoes erupt."], ids=["1", "2"])
+    for s in (store, stock):
+        s.delete(["1", "2"])
+    assert store.similarity_search("tides") == stock.similarity_search("tides") == []
+    assert store.as_retriever().invoke("tides") == [] and store.max_marginal_relevance_search("tides") == []
+    assert NormRankRetriever(index=store.index).invoke("tides") == []
+    store.save_local(str(tmp_path / "emptied"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # emptied, not misplaced: no warning either
+        again = NormRankVectorStore.load_local(str(tmp_path / "emptied"), emb)
+    assert again.similarity_search("tides") == []
+
+
+def test_a_filter_function_written_for_inmemory_gets_a_named_error(encoder):
+    """InMemoryVectorStore calls a filter function with a Document; normrank calls it with the metadata
+    dict. Code moved over unchanged failed with a bare AttributeError; it is now named and says why."""
+    from normrank.errors import InvalidArgumentError
+
+    store = NormRankVectorStore.from_texts(["Tides follow the Moon.", "Volcanoes erupt."],
+                                           NormRankEmbeddings(encoder=encoder),
+                                           metadatas=[{"kind": "sea"}, {"kind": "land"}])
+    with pytest.raises(InvalidArgumentError, match="metadata dict"):
+        store.similarity_search("tides", filter=lambda doc: doc.metadata["kind"] == "sea")
+    assert _ids(store.similarity_search("tides", k=2, filter=lambda m: m["kind"] == "land")) == \
+        _ids(store.similarity_search("tides", k=2, filter={"kind": "land"}))
 
 
 def test_from_config_on_pgvector(pg_dsn, pg_table, encoder):

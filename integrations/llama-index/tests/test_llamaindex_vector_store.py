@@ -309,6 +309,8 @@ def _f(key, value, op=FilterOperator.EQ) -> MetadataFilter:
     (_f("title", "the", FilterOperator.TEXT_MATCH), lambda i, m: "the" in m["title"]),
     (_f("title", "THE", FilterOperator.TEXT_MATCH_INSENSITIVE), lambda i, m: "the" in m["title"].lower()),
     (_f("tags", "even", FilterOperator.CONTAINS), lambda i, m: "even" in m["tags"]),
+    # a string value holds a substring, as SimpleVectorStore reads ``contains``
+    (_f("title", "the", FilterOperator.CONTAINS), lambda i, m: "the" in m["title"]),
     (_f("tags", ["food", "geo"], FilterOperator.ANY), lambda i, m: bool({"food", "geo"} & set(m["tags"]))),
     (_f("tags", ["food", "even"], FilterOperator.ALL), lambda i, m: {"food", "even"} <= set(m["tags"])),
     (_f("note", None, FilterOperator.IS_EMPTY), lambda i, m: m.get("note") in (None, "", [])),
@@ -401,8 +403,9 @@ def test_delete_by_document_delete_nodes_and_clear(store, docs):
     assert store.index.ids() == before
     store.clear()
     assert store.index.ids() == [] and store.get_nodes() == []
-    with pytest.raises(EmptyCorpusError, match="allow_empty"):
-        store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3))
+    # emptied by the user, not a misplaced store: no nodes, as SimpleVectorStore answers
+    emptied = store.query(VectorStoreQuery(query_str=QUERIES[0], similarity_top_k=3))
+    assert emptied.nodes == [] and emptied.ids == [] and emptied.similarities == []
 
 
 @pytest.mark.asyncio
@@ -442,8 +445,9 @@ def test_bad_nodes_are_refused_with_named_errors_and_the_store_unchanged(store, 
     before = store.index.ids()
     good = TextNode(id_="fine", text="Glaciers carve valleys.", embedding=embed.get_text_embedding("Glaciers carve valleys."))
     cases = [
-        ([TextNode(id_=before[0], text="dup", embedding=good.embedding)], DuplicateIdError),
         ([good, TextNode(id_="fine", text="again", embedding=good.embedding)], DuplicateIdError),
+        ([TextNode(id_=before[0], text="a replacement", embedding=good.embedding[:10])],  # replaced, then refused
+         (DimensionMismatchError, InvalidArgumentError)),
         ([good, TextNode(id_="blank", text="   ", embedding=good.embedding)], EmptyTextError),
         ([good, TextNode(id_="short", text="x y", embedding=good.embedding[:10])], (DimensionMismatchError,
                                                                                   InvalidArgumentError)),
@@ -459,6 +463,27 @@ def test_bad_nodes_are_refused_with_named_errors_and_the_store_unchanged(store, 
     with pytest.raises(InvalidArgumentError, match="unknown keyword"):
         store.add([good], upsert=True)
     assert store.index.ids() == before
+
+
+def test_a_node_id_added_again_replaces_the_node_as_in_simple_vector_store(store, embed):
+    """SimpleVectorStore keeps the last node added under an id (LlamaIndex re-ingesting a document with
+    deterministic node ids does that); so does normrank's LangChain store. A refused replacement keeps
+    the old node."""
+    from llama_index.core.vector_stores.simple import SimpleVectorStore
+
+    n = len(store.index)
+    first = TextNode(id_="n1", text="alpha beta gamma", embedding=embed.get_text_embedding("alpha beta gamma"))
+    again = TextNode(id_="n1", text="gamma delta epsilon", embedding=embed.get_text_embedding("gamma delta epsilon"))
+    stock = SimpleVectorStore()
+    for s in (store, stock):
+        s.add([first])
+        assert s.add([again]) == ["n1"]
+    assert len(store.index) == n + 1
+    assert [x.get_content() for x in store.get_nodes(["n1"])] == ["gamma delta epsilon"]
+    q = VectorStoreQuery(query_embedding=embed.get_query_embedding("gamma delta"), query_str="gamma delta",
+                         similarity_top_k=1, node_ids=["n1"])
+    assert store.query(q).nodes[0].get_content() == "gamma delta epsilon" and stock.query(q).ids == ["n1"]
+    np.testing.assert_allclose(store.index.vectors(["n1"])[0], again.embedding, rtol=1e-6)
 
 
 def test_nodes_without_embedding_are_encoded_by_the_index_encoder(encoder, docs, vectors):
@@ -521,10 +546,42 @@ def test_an_empty_index_warns_and_refuses_queries_unless_allowed(encoder, tmp_pa
         fresh = NormRankVectorStore(encoder=encoder)  # a new store is meant to be filled: no warning
     res = quiet.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
     assert res.ids == [] and res.nodes == [] and res.similarities == []
-    with pytest.raises(EmptyCorpusError):
-        fresh.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+    # a new store answers no nodes, as SimpleVectorStore does (VectorStoreIndex.from_documents([]) then a query)
+    assert fresh.allow_empty is True
+    res = fresh.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+    assert res.ids == [] and res.nodes == [] and res.similarities == []
+    assert NormRankVectorStore(encoder=encoder, allow_empty=False).allow_empty is False
+    with pytest.raises(InvalidArgumentError, match="allow_empty"):
+        NormRankVectorStore(encoder=encoder, allow_empty="yes")
     fresh.persist(str(tmp_path / "store.json"))  # a never-filled store persists, and reloads empty
-    assert len(NormRankVectorStore.from_persist_path(tmp_path / "store.json", allow_empty=True).index) == 0
+    with pytest.warns(UserWarning, match="empty normrank index"):  # reloaded, it may be a misplaced path
+        reloaded = NormRankVectorStore.from_persist_path(tmp_path / "store.json")
+    with pytest.raises(EmptyCorpusError, match="allow_empty=True"):
+        reloaded.query(VectorStoreQuery(query_str="anything", similarity_top_k=2))
+
+
+def test_a_store_emptied_by_deletes_answers_no_nodes_and_a_misplaced_one_still_refuses(encoder, embed, tmp_path):
+    """Deleting every node is what a user did, not a wrong path: no nodes, as SimpleVectorStore, also
+    after a save and a reload; a never-filled index at a path still warns and refuses."""
+    from llama_index.retrievers.normrank import NormRankRetriever
+
+    index = NormIndex(encoder)
+    index.add_texts(["the first note", "the second note"], ids=["a", "b"])
+    store = NormRankVectorStore(index)
+    vindex = VectorStoreIndex.from_vector_store(store, embed_model=embed)
+    doc = Document(text="a third note about rivers", doc_id="doc-r")
+    vindex.insert(doc)
+    store.delete_nodes(node_ids=["a", "b"])
+    vindex.delete_ref_doc("doc-r")
+    assert len(index) == 0
+    assert vindex.as_retriever(similarity_top_k=3).retrieve("rivers") == []
+    store.persist(str(tmp_path / "emptied.json"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # emptied, not misplaced: no warning either
+        again = NormRankVectorStore.from_persist_path(tmp_path / "emptied.json")
+    assert again.query(VectorStoreQuery(query_str="rivers", similarity_top_k=2)).ids == []
+    retriever = NormRankRetriever(again.index, 3)
+    assert retriever.retrieve("rivers") == []
 
 
 def test_it_is_a_llamaindex_vector_store(encoder):
@@ -533,7 +590,7 @@ def test_it_is_a_llamaindex_vector_store(encoder):
     assert bool(store)  # StorageContext.from_defaults tests the store for truth
     assert store.client is store.index and isinstance(store.index, NormIndex)
     assert NormRankVectorStore.class_name() == "NormRankVectorStore"
-    assert json.loads(store.to_json())["allow_empty"] is False
+    assert json.loads(store.to_json())["allow_empty"] is True  # a new store: answers no nodes while empty
 
 
 # ---------------------------------------------------------------- pgvector backend
@@ -686,3 +743,29 @@ def test_two_handles_on_one_pgvector_table_query_and_delete_without_spurious_err
     finally:
         a.index.close()
         b.index.close()
+
+
+def test_index_nodes_do_not_hide_the_text_nodes(encoder, embed):
+    """``VectorStoreIndex.as_retriever`` passes its ``nodes_dict`` as ``node_ids``; for a store that keeps the
+    text that lists only ``IndexNode``/``ImageNode`` nodes. Read as a restriction, one ``IndexNode``
+    (recursive retrieval) hid every text node. The ranking must be ``SimpleVectorStore``'s, and an explicit
+    restriction to text nodes still restricts."""
+    from llama_index.core.schema import IndexNode
+    from llama_index.core.vector_stores.simple import SimpleVectorStore
+
+    texts = ["Photosynthesis turns light into sugar in plants.", "The Great Wall of China is long.",
+             "Mitochondria produce energy for the cell."]
+    ranked = {}
+    for kind in ("simple", "normrank"):
+        store = SimpleVectorStore() if kind == "simple" else NormRankVectorStore(encoder=encoder)
+        nodes = [TextNode(text=t, id_=f"t{i}") for i, t in enumerate(texts)]
+        nodes.append(IndexNode(text="Summary: a table about walls and fortifications.", index_id="walls", id_="idx0"))
+        vindex = VectorStoreIndex(nodes, embed_model=embed, storage_context=StorageContext.from_defaults(vector_store=store))
+        assert list(vindex.index_struct.nodes_dict.values()) == (["idx0"] if kind == "normrank" else [
+            "t0", "t1", "t2", "idx0"])
+        ranked[kind] = [h.node.node_id for h in vindex.as_retriever(similarity_top_k=3).retrieve(
+            "how do plants make sugar")]
+    assert ranked["normrank"] == ranked["simple"] and len(ranked["normrank"]) == 3 and "t0" in ranked["normrank"]
+    q = VectorStoreQuery(query_embedding=embed.get_query_embedding("walls"), query_str="walls", similarity_top_k=3,
+                         node_ids=["t0", "t2"])
+    assert sorted(store.query(q).ids) == ["t0", "t2"]

@@ -29,7 +29,7 @@ from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
 from normrank.candidate_vectors import EXPLANATION_KEY, explain, is_blank, is_explanation, is_raw
 from normrank.errors import EmptyCorpusError, InvalidArgumentError
-from normrank.index_base import search_up_to
+from normrank.index_base import held_documents, search_up_to
 from normrank.scoring import SCORE_KEYS, Hit
 from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
@@ -120,7 +120,7 @@ class NormRankRetriever(BaseRetriever):
         self.similarity_top_k = _check_k(similarity_top_k)
         self.filter = filter
         self.allow_empty = bool(allow_empty)
-        if not self.allow_empty and len(index) == 0:
+        if not self.allow_empty and not held_documents(index):
             warnings.warn(empty_message("NormRankRetriever"), stacklevel=2)
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 
@@ -179,7 +179,7 @@ class NormRankRetriever(BaseRetriever):
 
     # ------------------------------------------------------------ retrieval
     def _empty(self) -> list[Hit]:
-        if self.allow_empty:
+        if self.allow_empty or held_documents(self.index):  # emptied by deletes: no nodes, as LlamaIndex's stores
             return []
         raise EmptyCorpusError(empty_message("this NormRankRetriever"))
 

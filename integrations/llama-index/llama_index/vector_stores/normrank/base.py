@@ -67,8 +67,15 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_
 
 from normrank._validation import MAX_METADATA_BYTES, check_metadata, check_text
 from normrank.encoders import RawEncoder
-from normrank.errors import EmptyCorpusError, EmptyTextError, InvalidArgumentError, UnitNormError, UnknownIdError
-from normrank.index_base import search_up_to
+from normrank.errors import (
+    DuplicateIdError,
+    EmptyCorpusError,
+    EmptyTextError,
+    InvalidArgumentError,
+    UnitNormError,
+    UnknownIdError,
+)
+from normrank.index_base import held_documents, search_up_to, upsert_vectors
 from normrank.scoring import Hit
 from normrank.store import NormIndex, Record, SearchableIndex
 
@@ -83,6 +90,8 @@ from llama_index.retrievers.normrank.base import (
 
 #: Metadata key holding the node id beside LlamaIndex's ``_node_content`` (``node_ids`` filters read it).
 NODE_ID_KEY = "_node_id"
+#: Node classes LlamaIndex's ``VectorStoreIndex`` lists in its ``nodes_dict`` when the store keeps the text.
+_REFERENCE_NODE_TYPES = frozenset({"IndexNode", "ImageNode"})
 #: Suffix of the folder :meth:`NormRankVectorStore.persist` writes for a ``*.json`` persist path.
 PERSIST_SUFFIX = ".normrank"
 _DEFAULT_NAMESPACE = "default"
@@ -145,7 +154,9 @@ def _one(f: MetadataFilter, metadata: Mapping[str, Any]) -> bool:
         return isinstance(have, str) and want in have
     if op is FilterOperator.TEXT_MATCH_INSENSITIVE:
         return isinstance(have, str) and want.lower() in have.lower()
-    if op is FilterOperator.CONTAINS:  # the metadata value is a list holding ``want``
+    if op is FilterOperator.CONTAINS:  # a list holding ``want``, or a string holding it, as SimpleVectorStore
+        if isinstance(have, str):
+            return isinstance(want, str) and want in have
         return isinstance(have, list) and want in have
     if op is FilterOperator.ANY:
         return isinstance(have, list) and any(v in have for v in want)
@@ -166,8 +177,8 @@ def metadata_filter(filters: MetadataFilters | None) -> Predicate | None:
     Every ``FilterOperator`` is supported; ``condition`` may be ``and``, ``or`` or ``not`` (none of
     the filters holds), and a filter may itself be a ``MetadataFilters`` (nested). A missing key
     matches only ``!=``, ``nin`` and ``is_empty``; order operators compare numbers with numbers and
-    strings with strings (anything else does not match); ``contains``/``any``/``all`` need a list-valued
-    key (for substrings use ``text_match``). Values that make no sense for their operator are refused
+    strings with strings (anything else does not match); ``contains`` matches a list holding the value
+    or, as in ``SimpleVectorStore``, a string holding it; ``any``/``all`` need a list-valued key. Values that make no sense for their operator are refused
     here, before any search, with :class:`normrank.errors.InvalidArgumentError`.
     """
     if filters is None:
@@ -261,10 +272,12 @@ class NormRankVectorStore(BasePydanticVectorStore):
         The raw encoder of a new index; share the ``NormRankEmbedding``'s (``embed.encoder``) so
         queries and nodes are encoded by one model.
     allow_empty:
-        Querying an empty store raises :class:`normrank.errors.EmptyCorpusError` (an empty store is
-        usually a misplaced one) unless this is true, when it returns no nodes. A store built on an
-        index the caller passes (or loads) that is empty also warns at construction; a new store
-        (no ``index``) is meant to be filled, so it does not.
+        Whether querying an index that never held a node returns no nodes (``True``) or raises
+        :class:`normrank.errors.EmptyCorpusError` (such an index usually sits at a misplaced path).
+        ``None``: ``True`` for a new store (no ``index``: LlamaIndex's usual start, create then
+        insert), ``False`` for one built on an index the caller passes or loads, which then also warns
+        at construction. A store emptied by deletes returns no nodes either way, as ``SimpleVectorStore``
+        does (:func:`normrank.index_base.held_documents`).
 
     Raises
     ------
@@ -276,7 +289,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
 
     stores_text: bool = True
     is_embedding_query: bool = True
-    allow_empty: bool = Field(False, description="Return no nodes (instead of raising) when the store is empty.")
+    allow_empty: bool = Field(False, description="Return no nodes (instead of raising) when the index never held a node.")
 
     _index: Any = PrivateAttr()
     _lock: Any = PrivateAttr()
@@ -286,11 +299,13 @@ class NormRankVectorStore(BasePydanticVectorStore):
         index: SearchableIndex | None = None,
         *,
         encoder: RawEncoder | None = None,
-        allow_empty: bool = False,
+        allow_empty: bool | None = None,
         **index_kwargs: Any,
     ) -> None:
-        if not isinstance(allow_empty, bool):
-            raise InvalidArgumentError(f"allow_empty must be True or False, got {allow_empty!r}")
+        if allow_empty is not None and not isinstance(allow_empty, bool):
+            raise InvalidArgumentError(f"allow_empty must be True, False or None, got {allow_empty!r}")
+        if allow_empty is None:
+            allow_empty = index is None
         if index is None:
             try:
                 index = NormIndex(encoder, **index_kwargs)
@@ -311,7 +326,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
         super().__init__(allow_empty=allow_empty)
         self._index = index
         self._lock = threading.RLock()
-        if given and not allow_empty and len(index) == 0:
+        if given and not allow_empty and not held_documents(index):
             warnings.warn(empty_message("NormRankVectorStore"), stacklevel=2)
 
     @classmethod
@@ -335,12 +350,15 @@ class NormRankVectorStore(BasePydanticVectorStore):
     def add(self, nodes: Sequence[BaseNode], **add_kwargs: Any) -> list[str]:
         """Add nodes with their raw embeddings (all or nothing); returns their ids.
 
+        A node whose id is already stored replaces the stored node, as in ``SimpleVectorStore``; a
+        refused batch leaves the stored nodes as they were.
+
         Raises
         ------
         UnitNormError
             The embeddings are unit length (a stock embedding model): use ``NormRankEmbedding``.
         DuplicateIdError
-            A node id is already stored (delete it, or its document, first) or repeats in the batch.
+            A node id repeats in the batch.
         InvalidArgumentError, EmptyTextError, DimensionMismatchError
             Metadata that uses the reserved ``"normrank"`` key or is not JSON, a node with no text to
             count, or an embedding of another dimension. Nothing is stored in any of these cases.
@@ -383,9 +401,12 @@ class NormRankVectorStore(BasePydanticVectorStore):
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"node embeddings must be equal-length lists of numbers: {exc}") from exc
         counts = encoder.token_counts(embed_texts)
+        if len(set(ids)) != len(ids):
+            dup = next(x for x in ids if ids.count(x) > 1)
+            raise DuplicateIdError(f"node id {dup!r} is given twice in this call")
         with self._lock:
-            try:
-                return self._index.add_vectors(matrix, counts, ids=ids, texts=texts, metadatas=metas)
+            try:  # a node id the store holds is replaced, as in SimpleVectorStore; a refused batch loses nothing
+                return upsert_vectors(self._index, matrix, counts, ids, texts, metas)
             except UnitNormError as exc:
                 raise UnitNormError(
                     f"{exc} In LlamaIndex, embed with llama_index.embeddings.normrank.NormRankEmbedding "
@@ -501,7 +522,8 @@ class NormRankVectorStore(BasePydanticVectorStore):
         k = query.similarity_top_k
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
             raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
-        predicate = _combine(query.filters, query.node_ids, query.doc_ids)
+        node_ids = None if self._is_nodes_dict(query.node_ids) else query.node_ids
+        predicate = _combine(query.filters, node_ids, query.doc_ids)
         text = query.query_str
         if query.query_embedding is None and (not isinstance(text, str) or not text.strip()):
             raise InvalidArgumentError("the query has neither a query_embedding nor a query_str to search by")
@@ -522,12 +544,33 @@ class NormRankVectorStore(BasePydanticVectorStore):
                                 query_token_count=count)
         return _result(hits)
 
+    def _is_nodes_dict(self, node_ids: Sequence[str] | None) -> bool:
+        """Whether ``node_ids`` is what ``VectorStoreIndex.as_retriever`` passes for a store that keeps the
+        text (its ``nodes_dict``, which then lists only the ``IndexNode`` and ``ImageNode`` nodes), not a
+        restriction: every id it names that the store holds is such a node, and it names at least one.
+
+        Why: read as a restriction it hid every text node. One ``IndexNode`` (recursive retrieval) made
+        each retriever and query engine on the index return only the ``IndexNode``, where
+        ``SimpleVectorStore`` (whose ``nodes_dict`` lists every node) ranks them all. The price: an explicit
+        ``node_ids`` of reference nodes only is read the same way and restricts nothing.
+        """
+        if not node_ids:
+            return False
+        held = [x for x in dict.fromkeys(_strings(node_ids, "node_ids")) if x in self._index]
+        if not held:
+            return False
+        try:
+            records = self._index.get(held)
+        except UnknownIdError:  # deleted meanwhile by another handle: read it as the restriction it names
+            return False
+        return all((r.metadata or {}).get("_node_type") in _REFERENCE_NODE_TYPES for r in records)
+
     def _empty_hits(self) -> list[Hit]:
         self._empty()  # raises unless empty results are allowed
         return []
 
     def _empty(self) -> VectorStoreQueryResult:
-        if self.allow_empty:
+        if self.allow_empty or held_documents(self._index):  # emptied by deletes: no nodes, as SimpleVectorStore
             return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
         raise EmptyCorpusError(empty_message("this NormRankVectorStore"))
 
