@@ -697,6 +697,23 @@ def _load_words(meta: dict[str, Any]) -> str:
     return f"1-minute load averages: {where} ({verdict})."
 
 
+def _command(meta: dict[str, Any]) -> str:
+    """The command that measured ``meta``'s run, its options included (``--out`` aside)."""
+    argv = meta.get("argv")
+    if argv is None:  # runs recorded before the options were
+        argv = (["--tiny"] if meta.get("tiny") else []) + ([] if meta["reps"] == 3 else ["--reps", str(meta["reps"])])
+    shown, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--out", "--render"):
+            skip = True
+            continue
+        shown.append(a)
+    return " ".join(["python benchmarks/speed.py", *shown])
+
+
 def markdown(res: dict[str, Any]) -> str:
     meta = res["meta"]
     L = ["# Speed and memory benchmark", "",
@@ -704,7 +721,7 @@ def markdown(res: dict[str, Any]) -> str:
          f"FAISS {meta['faiss']} with {meta['faiss_threads']} OpenMP threads; "
          f"`faiss.cvar.distance_compute_blas_threshold` = {meta['blas_threshold']} (default) unless a row says "
          "otherwise; batches of 64 are below it, so FAISS uses its non-BLAS kernel there.",
-         f"Command: `python benchmarks/speed.py{' --tiny' if meta['tiny'] else ''}`; {meta['reps']} interleaved "
+         f"Command: `{_command(meta)}`; {meta['reps']} interleaved "
          f"repetitions per search cell (at least 5 for HNSW cells and the per-step table; {meta['encoder_reps']} "
          "for the encoder) after one warm-up, medians"
          + ("; every other repetition runs the contenders in reverse order" if meta.get("load_averages") else "")
@@ -962,7 +979,7 @@ def main(argv: list[str] | None = None) -> int:
             "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads(),
             "blas_threshold": faiss.cvar.distance_compute_blas_threshold, "reps": args.reps, "encoder_reps": args.encoder_reps, "pads": list(pads),
             "tiny": args.tiny, "omp_threads": list(omp), "load_averages": [_load_average("start")],
-            "evict_bytes": 2 * _last_level_cache_bytes()}
+            "evict_bytes": 2 * _last_level_cache_bytes(), "argv": list(sys.argv[1:] if argv is None else argv)}
     res: dict[str, Any] = {"meta": meta, "search": []}
     for n in args.sizes:
         print(f"[speed] search at {n:,} ...", file=sys.stderr, flush=True)

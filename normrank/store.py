@@ -617,9 +617,9 @@ class NormIndex(BlendIndexBase):
         index, a fixed additive weight) in fewer NumPy calls; ``None`` for anything else.
 
         Why: each NumPy call after a scan has left the caches cold costs several microseconds, and at
-        10k documents the generic path's ~40 of them were 5-7% of a 64-query batch, the gap between
-        ``search_arrays`` and FAISS's BLAS path (benchmarks/results/speed.md). The same arithmetic: the
-        unit rows, the weight column and the kernel of the generic path.
+        10k documents the generic path's calls were most of what kept ``search_arrays`` below FAISS's BLAS
+        path (0.84 of it before, 0.95 after: benchmarks/results/speed.md). The same arithmetic: the unit
+        rows, the weight column and the kernel of the generic path.
         """
         wts = self._weights
         if (self.index_type != "flat" or wts.b != 0.0 or wts.mode != "additive" or self._tombstones
