@@ -252,6 +252,15 @@ class BlendIndexBase:
     def weights(self) -> Weights:
         return self._weights
 
+    def blend_settings(self) -> tuple[Weights, NormCalibrator, NormCalibrator | None]:
+        """The weights, document calibration and query calibration the index ranks with now.
+
+        Why: a re-ranker built on an index copied them once, so after ``set_weights``, ``fit`` or
+        ``recalibrate`` (here, or by another process on a shared pgvector table) it kept ranking with
+        the old blend while the index ranked with the new one. The re-rankers read them on every call.
+        """
+        return self._weights, self.calibrator, self.query_calibrator
+
     def _batch_ids(self, ids: Sequence[str] | None, n: int) -> list[str]:
         """New uuids, or the given ids checked for type, count and duplicates within the batch."""
         if ids is None:

@@ -423,6 +423,10 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def __len__(self) -> int:
         return self._run(lambda cur: self._count)
 
+    def blend_settings(self) -> tuple[Weights, NormCalibrator, NormCalibrator | None]:
+        """The table's weights and calibrations as stored now (another handle or process may have changed them)."""
+        return self._run(lambda cur: (self._weights, self.calibrator, self.query_calibrator))
+
     def __contains__(self, doc_id: object) -> bool:
         if not isinstance(doc_id, str) or not doc_id:
             return False

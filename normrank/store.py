@@ -432,6 +432,10 @@ class NormIndex(BlendIndexBase):
             norms, _ = self._docs.norms_counts(internal)
             return np.ascontiguousarray(unit * norms[:, None].astype(np.float32))
 
+    def blend_settings(self) -> tuple[Weights, NormCalibrator, NormCalibrator | None]:
+        with self._lock:  # one consistent triple, not a set_weights or fit half applied
+            return self._weights, self.calibrator, self.query_calibrator
+
     def set_weights(self, weights: Weights) -> None:
         """Change the blend; the stored norm column is rebuilt only if the feature or mode needs it."""
         if not isinstance(weights, Weights):

@@ -197,3 +197,41 @@ def test_from_config_on_a_pgvector_table_ranks_as_the_table(encoder, ids, demo_t
             assert [d.id for d in got["documents"]] == [d.id for d in want["documents"]]
     finally:
         pg.close()
+
+
+def test_a_ranker_on_a_shared_table_follows_its_weights(encoder, ids, demo_texts, pg_dsn, pg_table_factory):
+    """A ranker built from a pgvector table copied its weights and calibrations once: after another handle
+    (or process) changed the table's weights it kept ranking with the old blend while the table ranked with
+    the new one. It now reads them on every run, and so does one built on a FAISS index; weights given to
+    ``from_index`` stay the ranker's own."""
+    from normrank import NormIndex
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    table = pg_table_factory("hs_live")
+    pg = PgVectorNormIndex(pg_dsn, table, encoder, weights=Weights(a=0.05))
+    other = None
+    try:
+        pg.add_texts(demo_texts, ids=ids)
+        ranker = NormRankRanker.from_config({"store": {"backend": "pgvector", "dsn": pg_dsn, "table": table},
+                                             "haystack": {"top_k": len(ids)}})
+        other = PgVectorNormIndex(pg_dsn, table, encoder)  # another handle, as another process would have
+        other.set_weights(Weights(a=-0.3))
+        got = ranker.run(query="vaccines", documents=_docs(ids, demo_texts))["documents"]
+        want = pg.search("vaccines", len(ids))
+        assert [d.id for d in got] == [h.id for h in want]
+        assert [d.score for d in got] == pytest.approx([h.score for h in want], abs=1e-5)
+        assert NormRankRanker.from_dict(ranker.to_dict()).weights == Weights(a=-0.3)
+    finally:
+        if other is not None:
+            other.close()
+        pg.close()
+    faiss_index = NormIndex(encoder, weights=Weights(a=0.05))
+    faiss_index.add_texts(demo_texts, ids=ids)
+    follows = NormRankRanker.from_index(faiss_index, top_k=len(ids))
+    keeps = NormRankRanker.from_index(faiss_index, top_k=len(ids), weights=Weights(a=0.05))
+    before = [d.id for d in keeps.run(query="vaccines", documents=_docs(ids, demo_texts))["documents"]]
+    faiss_index.set_weights(Weights(a=-0.3))
+    got = follows.run(query="vaccines", documents=_docs(ids, demo_texts))["documents"]
+    assert [d.id for d in got] == [h.id for h in faiss_index.search("vaccines", len(ids))]
+    assert [d.id for d in keeps.run(query="vaccines", documents=_docs(ids, demo_texts))["documents"]] == before
+    assert before != [d.id for d in got]

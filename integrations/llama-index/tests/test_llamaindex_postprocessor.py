@@ -267,3 +267,21 @@ def test_raw_embedding_model(encoder):
     assert np.all(np.abs(np.linalg.norm(vecs, axis=1) - 1.0) > 0.1)
     np.testing.assert_allclose(embed.get_query_embedding(texts[0]), vecs[0], rtol=1e-5, atol=1e-6)
     assert NormRankEmbedding.class_name() == "NormRankEmbedding"
+
+
+def test_a_postprocessor_built_on_an_index_follows_its_weights(encoder, ids, demo_texts):
+    """Built with ``from_index`` it copied the index's weights and calibrations once; after ``set_weights``
+    (or ``fit``, here or by another process on a pgvector table) the index ranked with the new blend and the
+    postprocessor with the old one. It reads them on every call now; weights given to it stay its own."""
+    from normrank import NormIndex
+
+    index = NormIndex(encoder, weights=Weights(a=0.05))
+    index.add_texts(demo_texts, ids=ids)
+    follows = NormRankPostprocessor.from_index(index, top_n=len(ids))
+    keeps = NormRankPostprocessor.from_index(index, top_n=len(ids), weights=Weights(a=0.05))
+    query = "vaccines"
+    before = [n.node.node_id for n in keeps.postprocess_nodes(_nodes(ids, demo_texts), query_str=query)]
+    index.set_weights(Weights(a=-0.3))
+    got = [n.node.node_id for n in follows.postprocess_nodes(_nodes(ids, demo_texts), query_str=query)]
+    assert got == [h.id for h in index.search(query, len(ids))] != before
+    assert [n.node.node_id for n in keeps.postprocess_nodes(_nodes(ids, demo_texts), query_str=query)] == before

@@ -120,7 +120,8 @@ class NormRankPostprocessor(BaseNodePostprocessor):
 
     _encoder: RawEncoder | None = PrivateAttr(None)
     _cache: CandidateVectorCache = PrivateAttr(default_factory=CandidateVectorCache)  # sized in __init__
-    _source: Any = PrivateAttr(None)  # the NormIndex given to from_index, for its stored vectors
+    _source: Any = PrivateAttr(None)  # the index given to from_index: its stored vectors, weights and calibrations
+    _own_weights: bool = PrivateAttr(False)  # weights given to from_index, kept over the index's
     _lock: Any = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(self, *, encoder: RawEncoder | None = None, **data: Any) -> None:
@@ -161,10 +162,12 @@ class NormRankPostprocessor(BaseNodePostprocessor):
         re-ranking its own documents encodes nothing but (at most) the query. ``kwargs`` set the rest.
         """
         index = as_index(index)
-        kwargs.setdefault("weights", index.weights)
-        post = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
-                   **kwargs)
+        own_weights = kwargs.get("weights") is not None
+        weights, calibrator, query_calibrator = index.blend_settings()
+        kwargs.setdefault("weights", weights)
+        post = cls(encoder=index.encoder, calibrator=calibrator, query_calibrator=query_calibrator, **kwargs)
         post._source = index
+        post._own_weights = own_weights
         return post
 
     @classmethod
@@ -201,6 +204,15 @@ class NormRankPostprocessor(BaseNodePostprocessor):
         return self._encoder
 
     # ------------------------------------------------------------ vectors
+    def _blend(self) -> tuple[Weights, NormCalibrator | None, NormCalibrator | None]:
+        """The weights and calibrations to rank with: the index's as they are now for a postprocessor built
+        from one (a ``set_weights``, ``fit`` or ``recalibrate`` there, or by another process on a pgvector
+        table, applies at once), else this postprocessor's own."""
+        if self._source is None:
+            return self.weights, self.calibrator, self.query_calibrator
+        weights, calibrator, query_calibrator = self._source.blend_settings()
+        return (self.weights if self._own_weights else weights), calibrator, query_calibrator
+
     def _query_vector(self, query_bundle: QueryBundle) -> tuple[np.ndarray, int | None]:
         text = query_bundle.query_str
         if is_raw(query_bundle.embedding, self.encoder.dim):
@@ -251,8 +263,9 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             if scored:
                 query, query_count = self._query_vector(query_bundle)
                 vectors, counts = self._node_vectors([nodes[i] for i in scored])
-                hits = rescore(query, vectors, counts, weights=self.weights, calibrator=self.calibrator,
-                               query_calibrator=self.query_calibrator, query_token_count=query_count)
+                weights, calibrator, query_calibrator = self._blend()
+                hits = rescore(query, vectors, counts, weights=weights, calibrator=calibrator,
+                               query_calibrator=query_calibrator, query_token_count=query_count)
                 if len(hits) != len(scored):  # pragma: no cover - rescore returns one hit per vector
                     raise InvalidArgumentError(f"{len(hits)} scores for {len(scored)} nodes")
                 order = sorted(range(len(scored)), key=lambda j: -hits[j].score)

@@ -154,7 +154,8 @@ class NormRankRanker:
         self.cache_size = cache_size
         self._encoder = encoder
         self._cache = CandidateVectorCache(cache_size)
-        self._source: Any = None  # the NormIndex given to from_index, for its stored vectors
+        self._source: Any = None  # the index given to from_index: its stored vectors, weights and calibrations
+        self._own_weights = False  # weights given to from_index, kept over the index's
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ builders
@@ -167,10 +168,12 @@ class NormRankRanker:
         ``kwargs`` set the rest.
         """
         index = as_index(index)
-        kwargs.setdefault("weights", index.weights)
-        ranker = cls(encoder=index.encoder, calibrator=index.calibrator, query_calibrator=index.query_calibrator,
-                     **kwargs)
+        own_weights = kwargs.get("weights") is not None
+        weights, calibrator, query_calibrator = index.blend_settings()
+        kwargs.setdefault("weights", weights)
+        ranker = cls(encoder=index.encoder, calibrator=calibrator, query_calibrator=query_calibrator, **kwargs)
         ranker._source = index
+        ranker._own_weights = own_weights
         return ranker
 
     @classmethod
@@ -194,12 +197,13 @@ class NormRankRanker:
         """Serialise for ``Pipeline.dumps``: every setting, calibrations as their JSON dicts.
 
         An index given to :meth:`from_index` is not serialised (only its calibrations and
-        weights): the rebuilt ranker encodes what it is given.
+        weights as they are now): the rebuilt ranker encodes what it is given.
         """
+        weights, calibrator, query_calibrator = self._blend()
         return default_to_dict(
-            self, model=self.model, top_k=self.top_k, weights=self.weights.to_dict(),
-            calibrator=self.calibrator.to_dict() if self.calibrator else None,
-            query_calibrator=self.query_calibrator.to_dict() if self.query_calibrator else None,
+            self, model=self.model, top_k=self.top_k, weights=weights.to_dict(),
+            calibrator=calibrator.to_dict() if calibrator else None,
+            query_calibrator=query_calibrator.to_dict() if query_calibrator else None,
             keep_retrieval_score=self.keep_retrieval_score, batch_size=self.batch_size, device=self.device,
             max_seq_length=self.max_seq_length, pooling=self.pooling, sif_a=self.sif_a,
             cache_size=self.cache_size, backend=self.backend,
@@ -240,6 +244,15 @@ class NormRankRanker:
         items = [(d.id, d.content or "", d.embedding) for d in documents]
         known = stored_vectors(self._source, [(d.id, d.content or "") for d in documents], encoder.dim)
         return self._cache.vectors(encoder, items, known=known)
+
+    def _blend(self) -> tuple[Weights, NormCalibrator | None, NormCalibrator | None]:
+        """The weights and calibrations to rank with: the index's as they are now for a ranker built from one
+        (a ``set_weights``, ``fit`` or ``recalibrate`` there, or by another process on a pgvector table,
+        applies at once), else this component's own."""
+        if self._source is None:
+            return self.weights, self.calibrator, self.query_calibrator
+        weights, calibrator, query_calibrator = self._source.blend_settings()
+        return (self.weights if self._own_weights else weights), calibrator, query_calibrator
 
     def _query_vector(self, query: str, query_embedding: Sequence[float] | None) -> tuple[np.ndarray, int | None]:
         if is_raw(query_embedding, self.encoder.dim):
@@ -283,8 +296,9 @@ class NormRankRanker:
         if scored:
             qvec, qcount = self._query_vector(query, query_embedding)
             vectors, counts = self._vectors([documents[i] for i in scored])
-            hits = rescore(qvec, vectors, counts, weights=self.weights, calibrator=self.calibrator,
-                           query_calibrator=self.query_calibrator, query_token_count=qcount)
+            weights, calibrator, query_calibrator = self._blend()
+            hits = rescore(qvec, vectors, counts, weights=weights, calibrator=calibrator,
+                           query_calibrator=query_calibrator, query_token_count=qcount)
             order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
             out = [self._explained(documents[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
         out.extend(self._explained(documents[i], None, unscored_explanation(why[i])) for i in why)
