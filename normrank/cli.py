@@ -308,19 +308,50 @@ def cmd_index(args: argparse.Namespace) -> int:
         index.save(args.out)
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     backend = getattr(index.encoder, "backend", "torch")
-    print(f"indexed {len(index)} documents into {args.out} (model {index.encoder.model_name}"
+    # a pgvector index is its table: --out names nothing there (it said "into <out>", a folder never made)
+    where = (f"the PostgreSQL table {config.store.table!r}" if config.store.backend == "pgvector" else args.out)
+    print(f"indexed {len(index)} documents into {where} (model {index.encoder.model_name}"
           f"{'' if backend == 'torch' else f', backend {backend}'}, raw norms {norms.min():.3f}..{norms.max():.3f})")
+    if config.store.backend == "pgvector":
+        print(f"note: --out is not used with store.backend: pgvector; search the table with "
+              f"`normrank search {args.config} QUERY`", file=sys.stderr)
     return 0
 
 
 # ------------------------------------------------------------------ search
+def _searched_index(args: argparse.Namespace) -> Any:
+    """The index ``search`` reads: a saved folder, or the store a YAML file configures (the index saved
+    at ``store.path``, or a pgvector table, which ``normrank index --config`` fills and has no folder)."""
+    from normrank.config import build_index, load_config
+    from normrank.errors import InvalidArgumentError
+    from normrank.store import NormIndex
+
+    path = Path(args.index)
+    if not (path.is_file() and path.suffix.lower() in (".yaml", ".yml")):
+        return NormIndex.load(path)
+    config = load_config(path)
+    if config.store.backend == "pgvector":
+        if args.cosine or any(v is not None for v in (args.a, args.b, args.mode, args.feature)):
+            raise InvalidArgumentError("--cosine/--a/--b/--mode/--feature would change the pgvector table's weights "
+                                       "for every process that uses it; try blends on a saved folder")
+        index = build_index(config)
+        if len(index) == 0:
+            from normrank.errors import EmptyCorpusError
+
+            raise EmptyCorpusError(f"the pgvector table {config.store.table!r} ({path}) holds no document")
+        return index
+    if not config.store.path:
+        raise InvalidArgumentError(f"{path} sets no store.path (a saved index) and no pgvector store to search")
+    return NormIndex.load(config.store.path)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a saved index and explain every hit; ``--a/--b/--mode/--feature`` try a blend."""
     from normrank.errors import InvalidArgumentError
     from normrank.scoring import Weights
     from normrank.store import NormIndex
 
-    index = NormIndex.load(args.index)
+    index = _searched_index(args)
     if args.cosine and any(v is not None for v in (args.a, args.b, args.mode, args.feature)):
         raise InvalidArgumentError("--cosine ranks by plain cosine; leave out --a/--b/--mode/--feature with it")
     if args.cosine:
@@ -632,7 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search a saved index; every hit with its explanation")
-    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
+    p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`, or a normrank.yaml whose "
+                   "store it opens (the index at store.path, or a pgvector table)")
     p.add_argument("query", help="the query text")
     p.add_argument("-k", type=_positive_int, default=10, help="number of hits (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

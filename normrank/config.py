@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from normrank.errors import ConfigError
+from normrank.errors import ConfigError, InvalidArgumentError
 
 
 class _Section(BaseModel):
@@ -137,6 +137,18 @@ class StoreConfig(_Section):
     def _pgvector_index_types(self) -> StoreConfig:
         if self.backend == "pgvector" and self.index_type == "ivf":
             raise ValueError("index_type 'ivf' is FAISS-only; the pgvector backend takes 'flat' or 'hnsw'")
+        if self.backend == "pgvector":  # pgvector's narrower limits, named at load (they failed at build_index)
+            from normrank.pg_state import check_hnsw_build, check_pg_option
+
+            for name in ("hnsw_m", "ef_construction", "ef_search"):
+                try:
+                    check_pg_option(name, getattr(self, name))
+                except InvalidArgumentError as exc:
+                    raise ValueError(f"store.{exc} (the pgvector backend's limit)") from None
+            try:
+                check_hnsw_build(self.hnsw_m, self.ef_construction)
+            except InvalidArgumentError as exc:
+                raise ValueError(f"store: {exc}") from None
         return self
 
 
@@ -407,6 +419,8 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
     else:
         path = Path(source)
         where = f"in {path}"
+        if path.is_dir():
+            raise ConfigError(f"configuration file {path} is a folder; give the normrank.yaml inside it")
         if not path.is_file():
             raise ConfigError(f"configuration file {path} does not exist")
         data = _read_yaml(path)

@@ -197,3 +197,39 @@ def test_analyze_counts_only_documents_that_were_cut(tmp_path, capsys, encoder):
     assert main(["analyze", str(tmp_path / "idx"), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["truncation"]["truncated"] == 2 and report["truncation"]["exact"] is True
+
+
+def test_index_into_a_pgvector_table_says_so_and_search_reads_it_through_the_config(
+        tmp_path, capsys, encoder, pg_dsn, pg_table_factory):
+    """With store.backend pgvector, `index` said it indexed "into <out>", a folder it never makes, and
+    `search` took only saved folders, so the CLI could not search the table it had filled."""
+    import yaml
+
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    root = tmp_path / "docs"
+    root.mkdir()
+    for i, text in enumerate(TEXTS):
+        (root / f"d{i}.txt").write_text(text, encoding="utf-8")
+    table = pg_table_factory("cli_pg")
+    config = tmp_path / "pg.yaml"
+    config.write_text(yaml.safe_dump({"store": {"backend": "pgvector", "dsn": pg_dsn, "table": table},
+                                      "chunking": {"enabled": False}}), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["index", str(root), "--out", str(out), "--config", str(config), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"into the PostgreSQL table '{table}'" in captured.out and str(out) not in captured.out
+    assert "--out is not used" in captured.err and not out.exists()
+    assert main(["search", str(config), QUERIES[0], "-k", "3", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    pg = PgVectorNormIndex(pg_dsn, table, encoder)
+    try:
+        assert [h["id"] for h in got["hits"]] == [h.id for h in pg.search(QUERIES[0], 3)]
+        before = pg.weights
+        assert main(["search", str(config), QUERIES[0], "--a", "0.5"]) != 0  # would change the shared table
+        assert "every process" in _one_error_line(capsys, "search")
+        again = PgVectorNormIndex(pg_dsn, table, encoder)
+        assert again.weights == before
+        again.close()
+    finally:
+        pg.close()

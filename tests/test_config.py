@@ -152,3 +152,23 @@ def test_a_yaml_without_an_encoder_section_reopens_a_saved_index_with_its_own_en
     assert [h.id for h in reopened.search(demo_texts[2], 3)] == [h.id for h in index.search(demo_texts[2], 3)]
     (tmp_path / "mine.yaml").write_text("store:\n  path: ix\nencoder:\n  batch_size: 8\n", encoding="utf-8")
     assert build_index(tmp_path / "mine.yaml").encoder.describe().get("pooling", "mean") == "mean"  # the file wins
+
+
+def test_pgvector_limits_are_named_at_load():
+    """pgvector allows less than FAISS (hnsw_m <= 100, ef_search <= 1000, ef_construction >= 2 hnsw_m): the
+    YAML accepted such values and they failed later, in build_index or after the CLI loaded the model,
+    without the key's name. FAISS keeps its wider ranges."""
+    base = {"backend": "pgvector", "dsn": "postgresql://u:secret@localhost/db"}
+    for extra, key in (({"ef_search": 5000}, "store.ef_search"), ({"hnsw_m": 200, "ef_construction": 1000},
+                                                                    "store.hnsw_m"),
+                       ({"hnsw_m": 64, "ef_construction": 100}, "ef_construction >= 2 * hnsw_m")):
+        with pytest.raises(ConfigError, match=re.escape(key)) as info:
+            load_config({"store": {**base, **extra}})
+        assert "secret" not in str(info.value)
+    assert load_config({"store": {"ef_search": 5000, "hnsw_m": 200, "ef_construction": 300}}).store.ef_search == 5000
+    assert load_config({"store": {**base, "ef_search": 1000, "hnsw_m": 100}}).store.hnsw_m == 100
+
+
+def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
