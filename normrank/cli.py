@@ -342,7 +342,9 @@ def _searched_index(args: argparse.Namespace) -> Any:
         return index
     if not config.store.path:
         raise InvalidArgumentError(f"{path} sets no store.path (a saved index) and no pgvector store to search")
-    return NormIndex.load(config.store.path)
+    if not Path(str(config.store.path)).exists():
+        return NormIndex.load(config.store.path)  # its named "no saved index" error
+    return build_index(config)  # as every from_config opens it: the file's scoring and encoder: sections apply
 
 
 def cmd_search(args: argparse.Namespace) -> int:

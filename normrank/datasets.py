@@ -197,8 +197,8 @@ def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
     """The judgments of a qrels file, for ``eval`` and ``fit`` alike.
 
     BEIR's ``query-id<TAB>corpus-id<TAB>score`` (a header optional, further columns ignored); lines
-    without a tab split on white space, where four fields with ``0`` or ``Q0`` second are TREC's
-    ``qid iter docid rel``. Why one reader: ``fit`` split every line on white space, so an id with a
+    without a tab split on white space, where four fields are TREC's ``qid iter docid rel`` (with tabs,
+    four fields are TREC's when the second is ``0`` or ``Q0``). A UTF-8 byte order mark is skipped. Why one reader: ``fit`` split every line on white space, so an id with a
     space (``normrank index`` names a file ``my notes/a.txt``) became two fields, and it read a BEIR
     line with an extra column as TREC; ``eval`` split on tabs and read TREC's columns as BEIR's. A BEIR
     line with a fourth column and the corpus id ``0`` reads as TREC.
@@ -212,11 +212,19 @@ def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    for no, line in enumerate(text.splitlines(), 1):
-        row = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
-        if not any(row) or (no == 1 and row[0].lower() in ("query-id", "query_id", "qid")):
+    first = True
+    for no, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
+        tabs = "\t" in line
+        row = [f.strip() for f in line.split("\t")] if tabs else line.split()
+        if not any(row):
             continue
-        if len(row) == 4 and row[1] in ("0", "Q0"):  # TREC, white space or tabs: qid iter docid rel
+        if first and row[0].lower() in ("query-id", "query_id", "qid"):  # a header, on the first line with text
+            first = False
+            continue
+        first = False
+        # TREC: qid iter docid rel. Any white-space line of four fields (TREC-COVID puts its round, 0.5, 1,
+        # 2, where others put 0); with tabs only 0 or Q0 second, as BEIR lines may carry a fourth column.
+        if len(row) == 4 and (not tabs or row[1] in ("0", "Q0")):
             row = [row[0], row[2], row[3]]
         if len(row) < 3 or not row[0] or not row[1]:
             raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {line!r}")

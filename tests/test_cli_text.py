@@ -233,3 +233,27 @@ def test_index_into_a_pgvector_table_says_so_and_search_reads_it_through_the_con
         again.close()
     finally:
         pg.close()
+
+
+def test_search_through_a_config_opens_a_saved_index_as_build_index_does(tmp_path, capsys, encoder):
+    """``search <normrank.yaml>`` on a saved folder loaded it and ignored the file's scoring: section, so
+    the same file ranked one way in the CLI and another in every from_config adapter."""
+    import yaml
+
+    from normrank import build_index
+
+    root = _beir(tmp_path / "coll")
+    out = tmp_path / "idx"
+    assert main(["index", str(root), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    config = tmp_path / "normrank.yaml"
+    config.write_text(yaml.safe_dump({"store": {"path": str(out)}, "scoring": {"a": 2.0, "feature": "raw"}}),
+                      encoding="utf-8")
+    assert main(["search", str(config), QUERIES[0], "-k", "4", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = build_index(config)
+    assert got["weights"] == want.weights.to_dict() and got["weights"]["a"] == 2.0
+    assert [h["id"] for h in got["hits"]] == [h.id for h in want.search(QUERIES[0], 4)]
+    config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "nothing-here")}}), encoding="utf-8")
+    assert main(["search", str(config), QUERIES[0]]) == 1
+    assert "no saved index" in _one_error_line(capsys, "search")

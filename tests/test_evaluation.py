@@ -300,3 +300,17 @@ def test_the_text_report_says_judged_queries_without_text_were_left_out(data_dir
     res = evaluate(folder, encoder=encoder, show_progress=False)
     assert res["skipped_empty_queries"] == 1
     assert "1 judged queries without text left out" in format_report(res)
+
+
+def test_qrels_trec_rounds_a_byte_order_mark_and_a_header_after_a_blank_line(tmp_path):
+    """TREC-COVID puts its round (0.5, 1, 2) where other TREC qrels put 0: any white-space line of four
+    fields is TREC's. A byte order mark and a header below a blank first line are skipped, not read as
+    a judgment whose score is 'score'."""
+    trec = tmp_path / "covid.txt"
+    trec.write_text("1 0.5 010vptx3 2\n1 1 01sfpbj4 1\n2 2 02f0opkr 0\n")
+    assert read_qrels(trec) == {"1": {"010vptx3": 2, "01sfpbj4": 1}, "2": {"02f0opkr": 0}}
+    bom = tmp_path / "bom.tsv"
+    bom.write_text("\ufeffquery-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
+    late = tmp_path / "late.tsv"
+    late.write_text("\nquery-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    assert read_qrels(bom) == read_qrels(late) == {"q1": {"d1": 1}}

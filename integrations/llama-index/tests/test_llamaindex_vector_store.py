@@ -769,3 +769,38 @@ def test_index_nodes_do_not_hide_the_text_nodes(encoder, embed):
     q = VectorStoreQuery(query_embedding=embed.get_query_embedding("walls"), query_str="walls", similarity_top_k=3,
                          node_ids=["t0", "t2"])
     assert sorted(store.query(q).ids) == ["t0", "t2"]
+
+
+def test_an_index_whose_model_folder_moved_still_answers_vector_queries(tmp_path, demo_texts):
+    """With its model folder gone, an index opens with a MissingModelEncoder. LlamaIndex sends a query's
+    embedding with its text, and the store counted the text's tokens with the index's encoder even for a
+    fixed blend, which needs no count: every retrieval failed. A re-ranker built on such an index names the
+    missing folder instead of 'encoder must be a RawEncoder'."""
+    import shutil
+
+    from llama_index.postprocessor.normrank import NormRankPostprocessor
+    from normrank import ModelLoadError, RawEncoder
+    from normrank.encoders import default_model_path
+
+    folder = tmp_path / "model"
+    shutil.copytree(default_model_path(), folder)
+    index = NormIndex(RawEncoder(str(folder)), weights=Weights(a=0.05))
+    index.add_texts(demo_texts, ids=[f"d{i}" for i in range(len(demo_texts))])
+    want = [h.id for h in index.search("how do vaccines work", 3)]
+    index.save(tmp_path / "idx")
+    moved = tmp_path / "moved"
+    folder.rename(moved)
+    loaded = NormIndex.load(tmp_path / "idx")
+    vindex = VectorStoreIndex.from_vector_store(NormRankVectorStore(loaded),
+                                                embed_model=NormRankEmbedding(model=str(moved)))
+    assert [n.node.node_id for n in vindex.as_retriever(similarity_top_k=3).retrieve("how do vaccines work")] == want
+    from llama_index.core.schema import QueryBundle
+    from llama_index.retrievers.normrank import NormRankRetriever
+
+    bundle = QueryBundle(query_str="how do vaccines work",
+                         embedding=NormRankEmbedding(model=str(moved)).get_query_embedding("how do vaccines work"))
+    assert [n.node.node_id for n in NormRankRetriever(loaded, 3).retrieve(bundle)] == want
+    with pytest.raises(ModelLoadError, match="is not on this machine"):
+        NormRankPostprocessor.from_index(loaded)
+    with pytest.raises(ModelLoadError, match="is not on this machine"):
+        NormRankEmbedding(encoder=loaded.encoder)

@@ -198,7 +198,7 @@ class NormRankRetriever(BaseRetriever):
         dim = getattr(self.index, "dim", None)
         if dim and is_raw(query_bundle.embedding, dim):
             query = np.asarray(query_bundle.embedding, dtype=np.float32)
-            if not is_blank(query_bundle.query_str):
+            if not is_blank(query_bundle.query_str) and self.index.weights.b != 0:  # only w(q) needs it
                 count = int(self.index.encoder.token_counts([query_bundle.query_str])[0])
         hits = search_up_to(self.index, query, self.similarity_top_k, self._empty, filter=self.filter,
                             query_token_count=count)

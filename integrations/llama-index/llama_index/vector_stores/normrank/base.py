@@ -535,7 +535,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         has_text = isinstance(text, str) and bool(text.strip())
         if query.query_embedding is not None:
             vector = np.asarray(query.query_embedding, dtype=np.float32)
-            count = int(encoder.token_counts([text])[0]) if has_text else None
+            # only the query-conditioned weight (b != 0) needs the count: a fixed blend searches by the vector
+            # alone, also when the index's model folder is not on this machine (MissingModelEncoder)
+            count = int(encoder.token_counts([text])[0]) if has_text and self._index.weights.b != 0 else None
         else:
             vecs, counts = encoder.encode_with_counts([text])
             vector, count = vecs[0], int(counts[0])
