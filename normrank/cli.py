@@ -351,7 +351,6 @@ def cmd_search(args: argparse.Namespace) -> int:
     """Search a saved index and explain every hit; ``--a/--b/--mode/--feature`` try a blend."""
     from normrank.errors import InvalidArgumentError
     from normrank.scoring import Weights
-    from normrank.store import NormIndex
 
     index = _searched_index(args)
     if args.cosine and any(v is not None for v in (args.a, args.b, args.mode, args.feature)):

@@ -59,7 +59,6 @@ from normrank.errors import (
     PersistenceError,
 )
 from normrank.filters import check_filter
-from normrank.index_base import _plain_batch
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
     MAX_TOKEN_COUNT,
     BlendIndexBase,
@@ -72,6 +71,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _check_k,
     _check_unit,
     _match,
+    _plain_batch,
     needs_recalibration,
     query_calibration,
 )

@@ -9,7 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from normrank import DimensionMismatchError, InvalidArgumentError, InvalidVectorError, batch_topk
+from normrank import (
+    DimensionMismatchError,
+    InvalidArgumentError,
+    InvalidVectorError,
+    batch_topk,
+)
 from normrank import store as store_mod
 from normrank.scoring import Hit, Weights
 from normrank.store import NormIndex

@@ -779,6 +779,7 @@ def test_an_index_whose_model_folder_moved_still_answers_vector_queries(tmp_path
     import shutil
 
     from llama_index.postprocessor.normrank import NormRankPostprocessor
+
     from normrank import ModelLoadError, RawEncoder
     from normrank.encoders import default_model_path
 
