@@ -55,7 +55,18 @@ def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None =
     if zero.any():
         rows = np.flatnonzero(zero)[:5].tolist()
         raise InvalidVectorError(f"all-zero vectors have no direction and no norm (rows {rows})")
+    if arr.size and max(float(arr.max()), -float(arr.min())) > FLOAT32_MAX / np.sqrt(arr.shape[1]):
+        # only then can a norm pass float32's range: the unit vector became all zeros (a query ranked by
+        # g(d) alone, in silence), so such rows are named (the float64 norms only for this rare case)
+        over = np.linalg.norm(arr.astype(np.float64), axis=1) > FLOAT32_MAX
+        if over.any():
+            rows = np.flatnonzero(over)[:5].tolist()
+            raise InvalidVectorError(f"vectors whose norm is beyond float32's range, {FLOAT32_MAX:.3g} (rows {rows})")
     return np.ascontiguousarray(arr)
+
+
+#: The largest float32: a vector norm above it cannot be stored or divided by.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def check_norm_signal(norms: np.ndarray) -> None:

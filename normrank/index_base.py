@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from normrank._validation import (
+    FLOAT32_MAX,
     UNIT_NORM_TOLERANCE,
     as_matrix,
     check_metadata,
@@ -468,7 +469,7 @@ def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | No
     norms = np.sqrt(np.add.reduce(np.multiply(mat, mat, dtype=np.float64), axis=1))
     # the sum of the norms is finite only if every one is (NaN and infinity spread), and a float32 row
     # cannot overflow it
-    if not (math.isfinite(np.add.reduce(norms)) and norms.min() > 1e-6):  # refused, or at the edge
+    if not (math.isfinite(np.add.reduce(norms)) and norms.min() > 1e-6 and norms.max() <= FLOAT32_MAX):  # refused
         return None
     if width is not None:
         out = np.zeros((n, width), dtype=np.float32)

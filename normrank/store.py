@@ -43,9 +43,7 @@ import faiss
 import numpy as np
 
 from normrank import huge_pages
-from normrank._validation import (
-    check_option,
-)
+from normrank._validation import FLOAT32_MAX, check_option
 from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
@@ -658,8 +656,8 @@ class NormIndex(BlendIndexBase):
             # in two NumPy calls instead of four: each one costs microseconds once a scan has left the
             # caches cold
             norm = math.sqrt(np.add.reduce(np.multiply(v, v, dtype=np.float64)))
-            if not (math.isfinite(norm) and norm > 1e-12):  # NaN or inf anywhere makes the norm so
-                return None
+            if not (math.isfinite(norm) and 1e-12 < norm <= FLOAT32_MAX):  # NaN or inf anywhere makes the norm so
+                return None  # the general path names it
             inner, labels = self._flat_parts()
             # ours alone while we hold the lock
             q, q_ptr, scores, pos, s_ptr, p_ptr = self._single_query_buffers(inner.d, k)

@@ -353,7 +353,7 @@ def test_a_batch_of_vector_arrays_equals_the_same_batch_given_as_lists(built, dt
 @pytest.mark.parametrize("bad, error", [
     ("nan", "InvalidVectorError"), ("inf", "InvalidVectorError"), ("zero", "InvalidVectorError"),
     ("underflow", "InvalidVectorError"), ("too big for float32", "InvalidVectorError"),
-    ("short", "DimensionMismatchError"),
+    ("norm beyond float32", "InvalidVectorError"), ("short", "DimensionMismatchError"),
 ])
 def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, error: str) -> None:
     index, _, _, _, queries = built
@@ -363,11 +363,17 @@ def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, er
                "zero": np.zeros(DIM, np.float32),
                "underflow": np.full(DIM, 1e-30, np.float32),  # float32 squares are 0: all zero, as one by one
                "too big for float32": np.where(np.arange(DIM) == 3, 1e39, rows[4].astype(np.float64)),
+               # finite float32 entries whose norm is not: the unit vector came out all zeros, in silence
+               "norm beyond float32": np.full(DIM, 3e38, np.float32),
                "short": rows[4][:-1]}[bad]
     before = len(index)
     for call in (index.search_batch, index.search_arrays):
         with pytest.raises(Exception) as info:
             call(rows, 10)
+        assert type(info.value).__name__ == error
+    if rows[4].ndim == 1 and rows[4].shape[0] == DIM:  # the single-query path names it too
+        with pytest.raises(Exception) as info:
+            index.search(np.asarray(rows[4]), 10)
         assert type(info.value).__name__ == error
     assert len(index) == before
 
