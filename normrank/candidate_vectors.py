@@ -317,3 +317,16 @@ class CandidateVectorCache:
                     self._items.popitem(last=False)
         return (np.stack([found[i][0] for i in range(n)]),
                 np.array([found[i][1] for i in range(n)], dtype=np.int64))
+
+
+def current_blend(source: Any, weights: Weights, calibrator: NormCalibrator | None,
+                  query_calibrator: NormCalibrator | None, *, own_weights: bool
+                  ) -> tuple[Weights, NormCalibrator | None, NormCalibrator | None]:
+    """The weights and calibrations a re-ranker ranks with: ``source``'s as they are now for one built on an
+    index (``source.blend_settings()``: a ``set_weights``, ``fit`` or ``recalibrate`` there, or by another
+    process on a pgvector table, applies at once; ``own_weights`` keeps weights given to ``from_index``),
+    else the re-ranker's own. Shared by the Haystack ranker and the LlamaIndex postprocessor."""
+    if source is None:
+        return weights, calibrator, query_calibrator
+    live_weights, live_calibrator, live_query_calibrator = source.blend_settings()
+    return (weights if own_weights else live_weights), live_calibrator, live_query_calibrator

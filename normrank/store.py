@@ -554,7 +554,7 @@ class NormIndex(BlendIndexBase):
                 labels, scores, w = lean
                 cosines = np.subtract(scores, w[0] * self._docs.g[labels], dtype=np.float64)
                 return HitArrays(self._docs.id_array()[labels].tolist(), scores, cosines)
-            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded, lean=False)  # tried above
             if isinstance(rows, list):  # multiplicative blends and empty filters: from their hits
                 return _arrays_from_hits(rows, k)
             labels, scores, w = rows
@@ -588,7 +588,7 @@ class NormIndex(BlendIndexBase):
 
     def _blended_rows(self, queries: list[Any], k: int, filter: MetadataFilter | None,
                       query_token_counts: Sequence[int | None] | None,
-                      encoded: Any) -> list[list[Hit]] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      encoded: Any, *, lean: bool = True) -> list[list[Hit]] | tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Under the lock: (internal ids, blended scores, query weights), or the hits themselves where the
         search is not one augmented FAISS search (bounded multiplicative blends, a filter matching nothing)."""
         if not self._docs:
@@ -597,10 +597,10 @@ class NormIndex(BlendIndexBase):
             raise InvalidArgumentError(
                 f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
             )
-        if filter is None and encoded[0] is None:
-            lean = self._lean_rows(queries, k, query_token_counts)
-            if lean is not None:
-                return lean
+        if lean and filter is None and encoded[0] is None:
+            rows = self._lean_rows(queries, k, query_token_counts)
+            if rows is not None:
+                return rows
         unit, norms, counts = self._encode_queries(queries, query_token_counts, encoded)
         w = self._query_weights(norms, counts)
         allowed = self._allowed(filter)

@@ -51,6 +51,7 @@ from normrank.candidate_vectors import (
     build_encoder,
     calibrator_from_texts,
     check_encoder_options,
+    current_blend,
     encoder_settings,
     explanation,
     is_blank,
@@ -207,13 +208,9 @@ class NormRankPostprocessor(BaseNodePostprocessor):
 
     # ------------------------------------------------------------ vectors
     def _blend(self) -> tuple[Weights, NormCalibrator | None, NormCalibrator | None]:
-        """The weights and calibrations to rank with: the index's as they are now for a postprocessor built
-        from one (a ``set_weights``, ``fit`` or ``recalibrate`` there, or by another process on a pgvector
-        table, applies at once), else this postprocessor's own."""
-        if self._source is None:
-            return self.weights, self.calibrator, self.query_calibrator
-        weights, calibrator, query_calibrator = self._source.blend_settings()
-        return (self.weights if self._own_weights else weights), calibrator, query_calibrator
+        """The weights and calibrations to rank with (:func:`~normrank.candidate_vectors.current_blend`)."""
+        return current_blend(self._source, self.weights, self.calibrator, self.query_calibrator,
+                             own_weights=self._own_weights)
 
     def _query_vector(self, query_bundle: QueryBundle) -> tuple[np.ndarray, int | None]:
         text = query_bundle.query_str

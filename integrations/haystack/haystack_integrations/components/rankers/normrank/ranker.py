@@ -36,6 +36,7 @@ from normrank.candidate_vectors import (
     build_encoder,
     calibrator_from_texts,
     check_encoder_options,
+    current_blend,
     encoder_settings,
     explanation,
     is_blank,
@@ -248,13 +249,9 @@ class NormRankRanker:
         return self._cache.vectors(encoder, items, known=known)
 
     def _blend(self) -> tuple[Weights, NormCalibrator | None, NormCalibrator | None]:
-        """The weights and calibrations to rank with: the index's as they are now for a ranker built from one
-        (a ``set_weights``, ``fit`` or ``recalibrate`` there, or by another process on a pgvector table,
-        applies at once), else this component's own."""
-        if self._source is None:
-            return self.weights, self.calibrator, self.query_calibrator
-        weights, calibrator, query_calibrator = self._source.blend_settings()
-        return (self.weights if self._own_weights else weights), calibrator, query_calibrator
+        """The weights and calibrations to rank with (:func:`~normrank.candidate_vectors.current_blend`)."""
+        return current_blend(self._source, self.weights, self.calibrator, self.query_calibrator,
+                             own_weights=self._own_weights)
 
     def _query_vector(self, query: str, query_embedding: Sequence[float] | None) -> tuple[np.ndarray, int | None]:
         if is_raw(query_embedding, self.encoder.dim):
