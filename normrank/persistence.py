@@ -40,12 +40,14 @@ import hashlib
 import io
 import json
 import logging
+import mmap
 import os
 import re
 import shutil
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -64,6 +66,9 @@ VERSION_MARKER = ".normrank-version"
 _VERSION_NAME = re.compile(r"v-[0-9a-f]{32}")
 _LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+#: Bytes per piece of a big file's piece checksums (manifest ``pieces``); a multiple of every page size.
+PIECE_BYTES = 2 << 20
+_PIECE_MAX = 1 << 30
 
 #: Test hook: when set, called with the stage name ("files_written", "manifest_written",
 #: "before_publish", "published") during every save. Tests set it to ``os._exit`` to
@@ -94,6 +99,32 @@ def sha256_file(path: Path) -> str:
     # threshold and left ~9 MB of a 100k-document load's heap resident after the hash was done.
     with open_nofollow(path) as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def sha256_piece(path: Path, offset: int, length: int) -> str:
+    """SHA-256 of ``length`` bytes of ``path`` from ``offset`` (a multiple of the page size), read through
+    a mapping: no buffer of ours (a freed multi-MB buffer raises glibc's mmap threshold, see
+    :func:`sha256_file`), and the GIL is let go while it hashes. A file shorter than asked hashes short,
+    so it does not match."""
+    with open_nofollow(path) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        length = max(0, min(length, size - offset))
+        if length == 0:
+            return hashlib.sha256(b"").hexdigest()
+        with mmap.mmap(fh.fileno(), length, offset=offset, access=mmap.ACCESS_READ) as mm:
+            return hashlib.sha256(mm).hexdigest()
+
+
+def piece_table(path: Path, piece: int = PIECE_BYTES) -> dict[str, Any]:
+    """The manifest's ``pieces`` entry for one file: its size and the SHA-256 of each ``piece`` bytes.
+
+    Why pieces as well as the whole-file digest: one SHA-256 stream runs on one core, and a load
+    hashing ``index.faiss`` that way took as long as FAISS took to read it. Pieces are checked by every
+    thread of the load that is free (:class:`DeferredDigests`). The whole-file digest stays in ``files``,
+    so a normrank that predates pieces still loads the folder."""
+    size = path.stat().st_size
+    return {"size": size, "piece": piece,
+            "sha256": [sha256_piece(path, off, piece) for off in range(0, size, piece)]}
 
 
 def release_free_heap() -> None:
@@ -202,8 +233,13 @@ def write_versioned(
     root: str | os.PathLike[str],
     write_files: Callable[[Path], None],
     manifest_extra: dict[str, Any],
+    *,
+    pieces: Iterable[str] = (),
 ) -> Path:
     """Write a new version under ``root`` with ``write_files(folder)`` and publish it atomically.
+
+    The files named in ``pieces`` (the big ones a load reads) also get piece checksums
+    (:func:`piece_table`), which a load checks on every thread it has free.
 
     If ``write_files`` raises (disk full, a bug), the partial version is removed and
     ``current`` still names the previous complete version.
@@ -245,7 +281,7 @@ def write_versioned(
                 write_files(version)
                 _stage("files_written")
                 files = sorted(p.name for p in version.iterdir() if p.is_file() and p.name != VERSION_MARKER)
-                manifest = {**manifest_extra, "files": {name: sha256_file(version / name) for name in files}}
+                manifest = {**manifest_extra, **_checksums(version, files, [n for n in pieces if n in files])}
                 (version / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
                 _stage("manifest_written")
                 for name in [*files, MANIFEST]:
@@ -275,6 +311,18 @@ def write_versioned(
             + ("the previous save is intact" if had_save else "nothing was saved")
         ) from exc
     return version
+
+
+def _checksums(version: Path, files: list[str], pieces: list[str]) -> dict[str, Any]:
+    """The manifest's ``files`` (whole-file SHA-256) and, for ``pieces``, its ``pieces`` tables: the
+    piece tables in a second thread while this one takes the whole-file digests (hashlib lets go of
+    the GIL), so a save hashing each big file twice takes about as long as hashing it once."""
+    if not pieces:
+        return {"files": {name: sha256_file(version / name) for name in files}}
+    with ThreadPoolExecutor(1, "normrank-save-pieces") as pool:
+        tables = pool.submit(lambda: {name: piece_table(version / name) for name in pieces})
+        whole = {name: sha256_file(version / name) for name in files}
+        return {"files": whole, "pieces": tables.result()}
 
 
 def _copied_without_links(root: Path) -> bool:
@@ -358,6 +406,9 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
     for name in required:
         if name not in files:
             raise IndexFormatError(f"{MANIFEST} of the index at {root} does not list {name}: the file was altered")
+    pieces = manifest.get("pieces", {})
+    if not _valid_pieces(pieces, files):
+        raise IndexFormatError(f"{folder / MANIFEST} has no valid 'pieces' table: the file was altered")
     for name, digest in files.items():
         path = folder / name
         if path.is_symlink():
@@ -365,9 +416,28 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
                 f"file {name} of the index at {root} is a symbolic link; refusing to follow it out of the index folder")
         if not path.is_file():
             raise IndexFormatError(f"file {name} of the index at {root} is missing")
-        if name not in deferred and sha256_file(path) != digest:
+        if name in deferred and name in pieces:
+            if path.stat().st_size != pieces[name]["size"]:  # the pieces check what they cover: all of it
+                raise _mismatch(name, root)
+        elif name not in deferred and sha256_file(path) != digest:
             raise _mismatch(name, root)
     return folder, manifest
+
+
+def _valid_pieces(pieces: Any, files: dict[str, str]) -> bool:
+    """Whether a manifest's ``pieces`` (:func:`piece_table` per file) is well formed: whole pieces of a
+    page-aligned size, one digest string per piece, for files the manifest lists."""
+    if not isinstance(pieces, dict):
+        return False
+    for name, table in pieces.items():
+        if name not in files or not isinstance(table, dict):
+            return False
+        size, piece, digests = table.get("size"), table.get("piece"), table.get("sha256")
+        if not (type(size) is int and size >= 0 and type(piece) is int and 0 < piece <= _PIECE_MAX
+                and piece % mmap.ALLOCATIONGRANULARITY == 0 and isinstance(digests, list)
+                and len(digests) == -(-size // piece) and all(isinstance(d, str) for d in digests)):
+            return False
+    return True
 
 
 def _mismatch(name: str, root: Path) -> IndexFormatError:
@@ -381,15 +451,29 @@ class DeferredDigests:
     by whichever thread is free first: helper threads of its own where the machine has cores to spare,
     and any thread that calls :meth:`work` (a load's parsing threads, once their own file is done). A
     thread per file instead put four threads (two hashes, FAISS's read, the parse) on the benchmark
-    machine's two cores, and the parse, the longest, shared its core with the others.
+    machine's two cores, and the parse, the longest, shared its core with the others. A file saved with
+    piece checksums (manifest ``pieces``) is one job per piece, so the threads share even one big file.
+
+    ``files`` maps a name to ``(path, whole-file digest)`` or ``(path, whole-file digest, pieces)``
+    with ``pieces`` the file's manifest table (:func:`piece_table`) or ``None``.
     """
 
-    def __init__(self, files: dict[str, tuple[Path, str]], helpers: int) -> None:
-        self._jobs = [(name, path) for name, (path, _) in files.items()]  # the caller's order: biggest first
-        self._expected = {name: digest for name, (_, digest) in files.items()}
+    def __init__(self, files: dict[str, tuple[Any, ...]], helpers: int) -> None:
+        # jobs in the caller's order (biggest file first): (name, path, offset, length); length None = whole file
+        self._jobs: list[tuple[str, Path, int, int | None]] = []
+        self._expected: dict[str, list[str]] = {}  # name -> the digest of each of its jobs, in order
+        for name, (path, digest, *rest) in files.items():
+            table = rest[0] if rest else None
+            if table is None:
+                self._jobs.append((name, path, 0, None))
+                self._expected[name] = [digest]
+            else:
+                piece = table["piece"]
+                self._jobs += [(name, path, off, piece) for off in range(0, table["size"], piece)]
+                self._expected[name] = list(table["sha256"])
         self._owner: list[int | None] = [None] * len(self._jobs)  # the thread that took each job
         self._next = 0  # jobs before this index are taken
-        self._results: dict[str, str | BaseException] = {}
+        self._results: dict[int, str | BaseException] = {}  # job index -> digest or error
         self._changed = threading.Condition()
         for _ in range(min(helpers, len(self._jobs))):
             threading.Thread(target=self.work, name="normrank-checksum", daemon=True).start()
@@ -404,15 +488,16 @@ class DeferredDigests:
                     return
                 self._owner[i] = me  # before the job counts as taken: see first_bad
                 self._next = i + 1
-            self._compute(*self._jobs[i])
+            self._compute(i)
 
-    def _compute(self, name: str, path: Path) -> None:
+    def _compute(self, i: int) -> None:
+        _, path, offset, length = self._jobs[i]
         try:
-            result: str | BaseException = sha256_file(path)
+            result: str | BaseException = sha256_file(path) if length is None else sha256_piece(path, offset, length)
         except BaseException as exc:  # noqa: BLE001  (re-raised by first_bad(), in the caller's thread)
             result = exc
         with self._changed:
-            self._results[name] = result
+            self._results[i] = result
             self._changed.notify_all()
 
     def first_bad(self) -> str | None:
@@ -420,17 +505,20 @@ class DeferredDigests:
         self.work()
         me = threading.get_ident()
         with self._changed:  # a job this thread took but never finished (a Ctrl-C in between) is redone here,
-            lost = [job for job, owner in zip(self._jobs[: self._next], self._owner)  # not waited for forever
-                    if owner == me and job[0] not in self._results]
-        for name, path in lost:
-            self._compute(name, path)
+            lost = [i for i, owner in enumerate(self._owner[: self._next])  # not waited for forever
+                    if owner == me and i not in self._results]
+        for i in lost:
+            self._compute(i)
         with self._changed:
             self._changed.wait_for(lambda: len(self._results) == len(self._jobs))
+        got: dict[str, list[str | BaseException]] = {name: [] for name in self._expected}
+        for i, job in enumerate(self._jobs):
+            got[job[0]].append(self._results[i])
         for name, expected in self._expected.items():
-            result = self._results[name]
-            if isinstance(result, BaseException):
-                raise result
-            if result != expected:
+            for result in got[name]:
+                if isinstance(result, BaseException):
+                    raise result
+            if got[name] != expected:
                 return name
         return None
 
@@ -478,7 +566,9 @@ def reading_deferred(
         raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
     with _locked(root, exclusive=False):
         folder, manifest = _verify(root, format_version, required, deferred)
-        files = {name: (folder / name, manifest["files"][name]) for name in deferred if name in manifest["files"]}
+        pieces = manifest.get("pieces", {})
+        files = {name: (folder / name, manifest["files"][name], pieces.get(name))
+                 for name in deferred if name in manifest["files"]}
         digests = DeferredDigests(files, spare_cores(busy_threads))
         try:
             yield folder, manifest, digests

@@ -86,6 +86,8 @@ logger = logging.getLogger(__name__)
 IndexType = Literal["flat", "hnsw", "ivf"]
 INDEX_TYPES: tuple[str, ...] = ("flat", "hnsw", "ivf")
 FORMAT_VERSION = 2  # 2: document columns (doc_columns); 1: records.jsonl, still read
+#: The files a load checksums while it parses them, saved with piece checksums so its threads share them.
+_BIG_FILES = ("index.faiss", "texts.utf8")
 #: Scale of the stored norm column (a power of two, so exact in float32); see ``NormIndex._augment``.
 COLUMN_SCALE = 2.0 ** -5
 #: ``pad_to`` when none is given, by index type (see :class:`NormIndex`, benchmarks/results/speed.md).
@@ -949,7 +951,8 @@ class NormIndex(BlendIndexBase):
                 }, indent=2))
 
             return write_versioned(path, write, {"format_version": FORMAT_VERSION, "dim": self._dim,
-                                                 "count": int(live.size), "kind": "normrank.NormIndex"})
+                                                 "count": int(live.size), "kind": "normrank.NormIndex"},
+                                   pieces=_BIG_FILES)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, encoder: RawEncoder | None = None) -> NormIndex:
@@ -966,7 +969,7 @@ class NormIndex(BlendIndexBase):
         # index.faiss and texts.utf8, the big files, are checksummed while they are parsed (reading_deferred's
         # ``deferred``): a load costs about one read_index instead of a hash pass plus a read. Two threads of
         # ours are busy (this one parsing, one for FAISS's read); each takes checksums when it is done.
-        with reading_deferred(path, FORMAT_VERSION, SAVED_FILES, deferred=("index.faiss", "texts.utf8"),
+        with reading_deferred(path, FORMAT_VERSION, SAVED_FILES, deferred=_BIG_FILES,
                               busy_threads=2) as (folder, manifest, digests):
             def opener(name: str) -> Any:
                 return open_nofollow(folder / name)

@@ -7,7 +7,9 @@ random moment while it saves a growing index in a loop.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -613,3 +615,110 @@ def test_loading_with_an_encoder_that_encodes_otherwise_warns(tmp_path, encoder,
         with caplog.at_level(logging.WARNING, logger="normrank"):
             NormIndex.load(tmp_path / "ix", encoder=enc)
         assert "another encoder" not in caplog.text
+
+
+def _big_index(n: int = 3000) -> NormIndex:
+    """Wide enough (385 x 4 bytes a row) that index.faiss spans three 2 MiB checksum pieces."""
+    vecs, counts = synthetic(n, dim=384, seed=3)
+    index = NormIndex(dim=384, weights=Weights(a=0.05), pad_to=1)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(n)], texts=[f"t{i}" for i in range(n)])
+    return index
+
+
+def test_big_files_carry_piece_checksums_and_keep_whole_file_ones(tmp_path):
+    """index.faiss and texts.utf8 are saved with a SHA-256 per 2 MiB piece (threads of a load share
+    them) and still with their whole-file SHA-256, so a normrank that predates pieces loads the folder."""
+    index = _big_index()
+    folder = index.save(tmp_path / "idx")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    table = manifest["pieces"]["index.faiss"]
+    data = (folder / "index.faiss").read_bytes()
+    assert table["size"] == len(data) and table["piece"] == persistence.PIECE_BYTES and len(table["sha256"]) == 3
+    p = table["piece"]
+    assert table["sha256"] == [hashlib.sha256(data[i:i + p]).hexdigest() for i in range(0, len(data), p)]
+    assert manifest["files"]["index.faiss"] == hashlib.sha256(data).hexdigest()
+    assert set(manifest["pieces"]) == {"index.faiss", "texts.utf8"}
+    assert snapshot(NormIndex.load(tmp_path / "idx"), dim=384) == snapshot(index, dim=384)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+@pytest.mark.parametrize("how", ["alter", "truncate", "append"])
+def test_damage_in_any_piece_is_named(tmp_path, where, how):
+    folder = _big_index().save(tmp_path / "idx")
+    path = folder / "index.faiss"
+    data = bytearray(path.read_bytes())
+    if how == "truncate":
+        del data[{"first": 100, "middle": len(data) // 2, "last": len(data) - 1}[where]:]
+    elif how == "append":
+        data += b"\0" * {"first": 1, "middle": 4096, "last": persistence.PIECE_BYTES}[where]
+    else:
+        data[{"first": 7, "middle": len(data) // 2, "last": len(data) - 1}[where]] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="checksum mismatch for index.faiss.*truncated or altered"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_a_folder_saved_without_pieces_loads_and_is_still_checked(tmp_path):
+    """Folders saved before piece checksums (no ``pieces`` in the manifest) are checked file by file."""
+    index = _big_index()
+    folder = index.save(tmp_path / "idx")
+    _edit_manifest(folder, lambda m: m.pop("pieces"))
+    assert snapshot(NormIndex.load(tmp_path / "idx"), dim=384) == snapshot(index, dim=384)
+    _damage(folder / "index.faiss", "alter")
+    with pytest.raises(IndexFormatError, match="checksum mismatch for index.faiss"):
+        NormIndex.load(tmp_path / "idx")
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: m.update(pieces=[]),
+    lambda m: m["pieces"]["index.faiss"].update(piece=1000),  # not page aligned
+    lambda m: m["pieces"]["index.faiss"].update(piece=0),
+    lambda m: m["pieces"]["index.faiss"]["sha256"].pop(),  # fewer digests than pieces
+    lambda m: m["pieces"]["index.faiss"].update(size=True),
+    lambda m: m["pieces"].update({"other.bin": m["pieces"]["index.faiss"]}),  # a file the manifest does not list
+])
+def test_a_malformed_pieces_table_is_named(tmp_path, change):
+    folder = _big_index(n=600).save(tmp_path / "idx")
+    _edit_manifest(folder, change)
+    with pytest.raises(IndexFormatError, match="has no valid 'pieces' table: the file was altered"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_an_altered_piece_digest_is_named(tmp_path):
+    folder = _big_index().save(tmp_path / "idx")
+    _edit_manifest(folder, lambda m: m["pieces"]["index.faiss"]["sha256"].__setitem__(1, "0" * 64))
+    with pytest.raises(IndexFormatError, match="checksum mismatch for index.faiss"):
+        NormIndex.load(tmp_path / "idx")
+
+
+@pytest.mark.parametrize("helpers", [0, 2])
+def test_pieces_are_each_hashed_once_by_whichever_thread_is_free(tmp_path, monkeypatch, helpers: int) -> None:
+    """A file with piece checksums is one job per piece: threads share one big file, each piece is
+    hashed once, and an altered piece names its file (the first such file in the caller's order)."""
+    piece = 4 * mmap.ALLOCATIONGRANULARITY
+    files = {}
+    for i, name in enumerate(["a.bin", "b.bin"]):
+        (tmp_path / name).write_bytes(bytes(range(256)) * (piece * 5 // 256 + 3 * i))
+        files[name] = (tmp_path / name, persistence.sha256_file(tmp_path / name),
+                       persistence.piece_table(tmp_path / name, piece))
+    calls: list[tuple[str, int]] = []
+    real = persistence.sha256_piece
+
+    def counting(path: Path, offset: int, length: int) -> str:
+        calls.append((path.name, offset))
+        return real(path, offset, length)
+
+    monkeypatch.setattr(persistence, "sha256_piece", counting)
+    digests = persistence.DeferredDigests(files, helpers)
+    workers = [threading.Thread(target=digests.work) for _ in range(2)]
+    for w in workers:
+        w.start()
+    assert digests.first_bad() is None
+    for w in workers:
+        w.join()
+    n_pieces = sum(len(f[2]["sha256"]) for f in files.values())
+    assert sorted(calls) == sorted(set(calls)) and len(calls) == n_pieces == 11  # 5 whole pieces; 5 and a part
+    data = bytearray((tmp_path / "b.bin").read_bytes())
+    data[piece * 3 + 5] ^= 0xFF
+    (tmp_path / "b.bin").write_bytes(bytes(data))
+    assert persistence.DeferredDigests(files, helpers).first_bad() == "b.bin"
