@@ -509,6 +509,17 @@ class MissingModelEncoder:
         return f"MissingModelEncoder(model={self.model_name!r})"
 
 
+def check_raw_encoder(encoder: Any) -> RawEncoder:
+    """``encoder`` if it is a :class:`RawEncoder`; ``ModelLoadError`` for a :class:`MissingModelEncoder`
+    (the encoder of an index whose model folder is elsewhere), ``InvalidArgumentError`` for anything else.
+    What every adapter that takes an ``encoder=`` checks at the door."""
+    if isinstance(encoder, MissingModelEncoder):
+        raise ModelLoadError(encoder.message)
+    if not isinstance(encoder, RawEncoder):
+        raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+    return encoder
+
+
 def warn_if_other_encoder(saved: Mapping[str, Any] | None, encoder: Any, what: str = "the index") -> None:
     """Log a warning when ``encoder`` would not give the vectors ``saved`` (a ``describe()``) names.
 

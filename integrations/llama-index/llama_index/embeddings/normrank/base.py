@@ -28,8 +28,8 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import ConfigDict, Field, PrivateAttr
 
-from normrank.encoders import MissingModelEncoder, RawEncoder
-from normrank.errors import InvalidArgumentError, ModelLoadError
+from normrank.encoders import RawEncoder, check_raw_encoder
+from normrank.errors import InvalidArgumentError
 
 
 class NormRankEmbedding(BaseEmbedding):
@@ -81,10 +81,8 @@ class NormRankEmbedding(BaseEmbedding):
                 f"embed_batch_size, device and {sorted(_PASSED_ON)}")
         if encoder is not None and (model is not None or device is not None or backend is not None):
             raise InvalidArgumentError("give either an encoder or model/device/backend, not both")
-        if isinstance(encoder, MissingModelEncoder):  # an index whose model folder is elsewhere
-            raise ModelLoadError(encoder.message)
-        if encoder is not None and not isinstance(encoder, RawEncoder):
-            raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+        if encoder is not None:
+            check_raw_encoder(encoder)
         enc = encoder or RawEncoder(model, batch_size=embed_batch_size, device=device or "cpu",
                                     backend=backend or "torch")
         if model_name is not None and model is None and encoder is None and model_name != enc.model_name:

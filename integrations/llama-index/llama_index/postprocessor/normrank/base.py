@@ -64,8 +64,8 @@ from normrank.candidate_vectors import (
 )
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
-from normrank.encoders import MissingModelEncoder, RawEncoder
-from normrank.errors import EmptyTextError, InvalidArgumentError, ModelLoadError
+from normrank.encoders import RawEncoder, check_raw_encoder
+from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
@@ -140,10 +140,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
                 data[name] = check_option(name, data[name])
         check_encoder_options(data)
         if encoder is not None:
-            if isinstance(encoder, MissingModelEncoder):  # an index whose model folder is elsewhere
-                raise ModelLoadError(encoder.message)
-            if not isinstance(encoder, RawEncoder):
-                raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+            check_raw_encoder(encoder)
             for key, value in encoder_settings(encoder).items():
                 if key in type(self).model_fields:
                     data.setdefault(key, value)

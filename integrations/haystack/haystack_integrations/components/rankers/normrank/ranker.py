@@ -49,8 +49,8 @@ from normrank.candidate_vectors import (
 )
 from normrank.config import NormRankConfig, build_weights, load_config, saved_index
 from normrank.config import build_encoder as encoder_from_config
-from normrank.encoders import MissingModelEncoder, RawEncoder
-from normrank.errors import EmptyTextError, InvalidArgumentError, ModelLoadError
+from normrank.encoders import RawEncoder, check_raw_encoder
+from normrank.errors import EmptyTextError, InvalidArgumentError
 from normrank.pooling import POOLINGS
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
@@ -135,10 +135,7 @@ class NormRankRanker:
         self.query_calibrator = _calibrator(query_calibrator)
         self.keep_retrieval_score = keep_retrieval_score
         if encoder is not None:
-            if isinstance(encoder, MissingModelEncoder):  # an index whose model folder is elsewhere
-                raise ModelLoadError(encoder.message)
-            if not isinstance(encoder, RawEncoder):
-                raise InvalidArgumentError(f"encoder must be a normrank.RawEncoder, got {type(encoder).__name__}")
+            check_raw_encoder(encoder)
             settings = encoder_settings(encoder)
             model, batch_size, device = settings["model"], settings["batch_size"], settings["device"]
             max_seq_length, pooling, sif_a = settings["max_seq_length"], settings["pooling"], settings["sif_a"]
