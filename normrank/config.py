@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from normrank.errors import ConfigError, InvalidArgumentError
+from normrank.scoring import MAX_WEIGHT
 
 
 class _Section(BaseModel):
@@ -101,9 +102,10 @@ class CalibrationConfig(_Section):
 class ScoringConfig(_Section):
     mode: Literal["additive", "multiplicative", "tiebreak"] = "additive"
     feature: Literal["calibrated", "raw"] = "calibrated"
-    a: float = Field(0.0, description="Constant part of the query weight w(q) = a + b * g_q.")
-    b: float = Field(0.0, description="Query-conditioned part of w(q).")
-    epsilon: float = Field(0.01, ge=0, description="Tie-breaker band width (mode: tiebreak).")
+    a: float = Field(0.0, ge=-MAX_WEIGHT, le=MAX_WEIGHT,
+                     description="Constant part of the query weight w(q) = a + b * g_q.")
+    b: float = Field(0.0, ge=-MAX_WEIGHT, le=MAX_WEIGHT, description="Query-conditioned part of w(q).")
+    epsilon: float = Field(0.01, ge=0, le=MAX_WEIGHT, description="Tie-breaker band width (mode: tiebreak).")
     clip: float | None = Field(3.0, gt=0)
     squash: bool = False
 

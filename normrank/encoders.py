@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import threading
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -97,15 +98,26 @@ def prefix_budget(max_tokens: int) -> int:
     return max(MIN_PREFIX_CHARS, PREFIX_CHARS_PER_TOKEN * int(max_tokens))
 
 
+def _splits(ch: str) -> bool:
+    """Whitespace that every tokenizer splits at and none deletes: space, tab, newline, carriage return
+    and the Unicode space separators (Zs).
+
+    Why not ``str.isspace``: it also holds for \x0b, \x0c, \x1c-\x1f and \x85 (what cp1252's "..."
+    becomes in text decoded as latin-1), which WordPiece's normaliser deletes as control characters,
+    joining the words on either side; a cut there gave a prefix whose tokens were not the full text's.
+    """
+    return ch in " \t\n\r" or (ch > "\x7f" and unicodedata.category(ch) == "Zs")
+
+
 def _whitespace_cut(text: str, end: int) -> int | None:
-    """Start of the last whitespace run in ``text[end // 2 : end]`` (``None`` if it has none)."""
+    """Start of the last whitespace run (:func:`_splits`) in ``text[end // 2 : end]`` (``None`` if none)."""
     i = end - 1
     lo = end // 2
-    while i >= lo and not text[i].isspace():
+    while i >= lo and not _splits(text[i]):
         i -= 1
     if i < lo:
         return None
-    while i > 0 and text[i - 1].isspace():
+    while i > 0 and _splits(text[i - 1]):
         i -= 1
     return i if i > 0 else None
 

@@ -51,19 +51,28 @@ def check_filter(flt: Any, *, allow_nul: bool = True) -> MetadataFilter | None:
     if not flt:
         return None
     predicate = _compile(flt, "filter", allow_nul)
-    return flt if is_plain(flt) else predicate
+    if not is_plain(flt):
+        return predicate
+    # the values as metadata is stored (through JSON: keys as strings, tuples as lists), so that a filter
+    # matches what the same value gave when it was added, on every backend
+    return {key: _values(key, list(want) if isinstance(want, _LISTS) else want, "filter", allow_nul)
+            for key, want in flt.items()}
 
 
 def _named_errors(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
     """A caller's filter function whose failures are named: it is called with each document's metadata
     dict, and one written for LangChain's ``InMemoryVectorStore`` (which passes a ``Document``) failed
-    with a bare ``AttributeError: 'dict' object has no attribute 'metadata'``."""
+    with a bare ``AttributeError: 'dict' object has no attribute 'metadata'``. It gets a private copy of
+    each dict, so it cannot change a stored document."""
     if getattr(fn, "_normrank_guarded", False):
         return fn
+    # not at the top: doc_columns imports index_base, which imports this module
+    from normrank.doc_columns import copy_metadata
 
     def guarded(metadata: dict[str, Any]) -> Any:
         try:
-            return fn(metadata)
+            # a copy: the function gets the store's own dict otherwise, and whatever it changed was kept and saved
+            return fn(copy_metadata(metadata))
         except NormRankError:
             raise
         except Exception as exc:

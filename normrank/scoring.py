@@ -32,6 +32,12 @@ from normrank.errors import InvalidArgumentError, UnitNormError
 
 logger = logging.getLogger(__name__)
 
+#: The largest magnitude of ``a``, ``b`` and ``epsilon``. Scores are float32 sums of the cosine and the
+#: weight times a feature of a few units: at 1000 a cosine is still read back within ~1e-4; at 1e6 it was
+#: off by 0.05, and beyond float32's range (~3.4e38) the query column became infinite and the ranking
+#: was the order documents were added in.
+MAX_WEIGHT = 1000.0
+
 Mode = Literal["additive", "multiplicative", "tiebreak"]
 MODES: tuple[str, ...] = ("additive", "multiplicative", "tiebreak")
 
@@ -63,9 +69,19 @@ class Weights:
                 continue
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise InvalidArgumentError(f"weight {name} must be a number, got {value!r} ({type(value).__name__})")
-            object.__setattr__(self, name, float(value))  # NumPy scalars become floats: JSON and equality agree
-            if not math.isfinite(getattr(self, name)):
-                raise InvalidArgumentError(f"weight {name} must be finite, got {getattr(self, name)}")
+            try:
+                number = float(value)  # NumPy scalars become floats: JSON and equality agree
+            except OverflowError:  # an int beyond float's range
+                raise InvalidArgumentError(f"weight {name} must be finite, got an integer of {value.bit_length()} "
+                                           "bits") from None
+            object.__setattr__(self, name, number)
+            if not math.isfinite(number):
+                raise InvalidArgumentError(f"weight {name} must be finite, got {number}")
+            if name != "clip" and abs(number) > MAX_WEIGHT:
+                raise InvalidArgumentError(
+                    f"weight {name} must be within +-{MAX_WEIGHT:g}, got {number:g}: scores are float32, and a "
+                    "larger weight leaves the cosine below their precision (ranking by the norm alone) or "
+                    "overflows them to infinity")
         if not isinstance(self.squash, (bool, np.bool_)):
             raise InvalidArgumentError(f"squash must be True or False, got {self.squash!r}")
         object.__setattr__(self, "squash", bool(self.squash))

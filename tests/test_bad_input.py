@@ -317,6 +317,17 @@ def test_callers_cannot_change_stored_documents(store):
     store.add_vectors(vecs, counts, ids=["river"], metadatas=[meta])
     meta["nested"]["x"].append(2)
     assert store.get(["river"])[0].metadata == {"nested": {"x": [1]}}
+    # a filter function gets a copy of each document's metadata: what it changes is not stored (or saved)
+    before = state(store)
+
+    def meddling(m: dict) -> bool:
+        m.setdefault("lang", "en")
+        m.pop("tags", None)
+        m["when"] = object()  # not JSON: a later save failed with a bare TypeError
+        return True
+
+    assert store.search(QUERY, 3, filter=meddling)
+    assert state(store) == before
 
 
 # ------------------------------------------------------------------ configuration and models

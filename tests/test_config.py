@@ -60,6 +60,9 @@ def test_every_key_in_the_example_is_commented():
     ({"fit": {"modes": ["additive", "x"]}}, r"'fit\.modes\.1'.*'additive', 'multiplicative' or 'tiebreak'"),
     ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, chunking, encoder, fit, haystack"),
     ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
+    ({"scoring": {"a": 1e39}}, r"'scoring\.a'.*less than or equal to 1000"),
+    ({"scoring": {"b": -2000}}, r"'scoring\.b'.*greater than or equal to -1000"),
+    ({"scoring": {"mode": "tiebreak", "epsilon": 1e6}}, r"'scoring\.epsilon'.*less than or equal to 1000"),
 ])
 def test_wrong_key_or_type_names_the_path_and_the_allowed(data, expected):
     with pytest.raises(ConfigError, match=expected):

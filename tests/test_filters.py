@@ -15,6 +15,7 @@ from normrank.errors import InvalidArgumentError, InvalidMetadataError
 from normrank.filters import check_filter, is_plain, same
 from normrank.scoring import Weights
 from normrank.store import NormIndex
+from tests.conftest import synthetic
 
 DIM = 32
 
@@ -134,7 +135,9 @@ def test_bad_filters_are_named_before_any_work(corpus, flt, words):
 
 def test_check_filter_keeps_plain_dicts_and_compiles_operators():
     plain = {"topic": "cs", "n": [1, 2]}
-    assert check_filter(plain) is plain and is_plain(plain)
+    assert check_filter(plain) == plain and is_plain(plain)
+    # plain values as metadata is stored: keys as strings, tuples as lists (JSON's reading)
+    assert check_filter({"k": {1: "a"}, "t": (1, 2)}) == {"k": {"1": "a"}, "t": [1, 2]}
     assert check_filter(None) is None and check_filter({}) is None
     pred = check_filter({"n": {"$gt": 1}})
     assert callable(pred) and pred({"n": 2}) and not pred({"n": 1}) and not pred({})
@@ -170,3 +173,14 @@ def test_pgvector_gives_the_same_filtered_results(corpus, pg_dsn, pg_table_facto
             pg.search(queries[0], 5, filter={"n": {"$regex": "x"}})
     finally:
         pg.close()
+
+
+def test_a_plain_filter_matches_what_the_same_value_became_when_stored():
+    """Metadata {"k": {1: "a"}} is stored as {"k": {"1": "a"}}; the same value as a plain filter matched
+    nothing on FAISS (pgvector and the $eq form matched)."""
+    vecs, counts = synthetic(4, dim=8, seed=1)
+    index = NormIndex(dim=8)
+    index.add_vectors(vecs, counts, ids=["x", "y", "z", "w"],
+                      metadatas=[{"k": {1: "a"}}, {"k": {"1": "b"}}, {"t": (1, 2)}, {}])
+    for flt, want in (({"k": {1: "a"}}, ["x"]), ({"k": {"$eq": {1: "a"}}}, ["x"]), ({"t": [(1, 2)]}, ["z"])):
+        assert [h.id for h in index.search(vecs[0], 4, filter=flt, query_token_count=5)] == want

@@ -631,6 +631,35 @@ def test_weights_take_numbers_only_and_numpy_scalars_become_floats():
             Weights(**options)
 
 
+@pytest.mark.parametrize("name", ["a", "b", "epsilon"])
+def test_weights_beyond_what_float32_scores_hold_are_refused(name):
+    """a=1e39 became an infinite query column in FAISS's float32 (the ranking was the order documents
+    were added in) and broke every search on a pgvector table; 2**1100 was a bare OverflowError."""
+    for value in (1e39, -1e39, 1e6, 1000.5, 2**1100):
+        with pytest.raises(InvalidArgumentError, match=f"weight {name} must be (within|finite)"):
+            Weights(**{name: value})
+    assert getattr(Weights(**{name: 1000}), name) == 1000.0
+    assert getattr(Weights(**{name: 0.0}), name) == 0.0
+
+
+def test_the_largest_weight_still_ranks_and_reads_cosines_back():
+    """At the bound a blend still ranks as the float64 blend does, and each hit's cosine is read back
+    within 1e-3."""
+    index, vecs, _ = make(n=200)
+    q = vecs[7] + 0.5 * vecs[11]
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    cos = unit @ (q / np.linalg.norm(q))
+    for w in (Weights(a=1000.0), Weights(a=-1000.0, clip=None)):
+        index.set_weights(w)
+        every = index.search(q, len(index), query_token_count=12)
+        g = {h.id: h.norm_feature for h in every}
+        want = sorted(g, key=lambda i: -(cos[int(i[1:])] + w.a * g[i]))[:10]
+        hits = index.search(q, 10, query_token_count=12)
+        assert [h.id for h in hits] == want
+        for h in hits:
+            assert abs(h.cosine - cos[int(h.id[1:])]) < 1e-3 and np.isfinite(h.score)
+
+
 def test_a_first_save_that_fails_says_nothing_was_saved_and_a_dangling_link_is_named(tmp_path, monkeypatch):
     """"The previous save is intact" was said when there had never been one; a symbolic link to nowhere
     gave "[Errno 17] File exists"."""
