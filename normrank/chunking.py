@@ -141,6 +141,10 @@ def chunk_texts(
     ``ids`` default to ``"0"``, ``"1"``, ...; ``markdown`` (one flag, or one per text) splits at
     Markdown structure first. With ``only_long`` (the default) a text that fits the model's
     window stays one document under its own id; otherwise every text becomes ``id#n`` chunks.
+
+    Each chunk's metadata is its text's plus :data:`CHUNK_KEYS`: ``source`` (the text's id), ``chunk``
+    (its number) and ``start``/``end`` (``text[start:end]`` is the chunk). A key the caller's metadata
+    already holds (a loader's ``source`` URL) keeps the caller's value, with a logged warning.
     """
     items = check_texts(texts)
     doc_ids = [str(i) for i in range(len(items))] if ids is None else [str(i) for i in ids]
@@ -157,18 +161,24 @@ def chunk_texts(
     out_ids: list[str] = []
     out_texts: list[str] = []
     out_metas: list[dict[str, Any]] = []
+    kept: set[str] = set()
     for doc_id, text, meta, md, whole in zip(doc_ids, items, metas, flags, fits):
         if not isinstance(meta, Mapping):
             raise InvalidArgumentError(f"metadata of {doc_id!r} is a {type(meta).__name__}, expected a mapping")
+        kept.update(k for k in CHUNK_KEYS if k in meta)
         if whole:
             out_ids.append(doc_id)
             out_texts.append(text)
-            out_metas.append({**meta, "source": doc_id, "chunk": 0, "start": 0, "end": len(text)})
+            out_metas.append({"source": doc_id, "chunk": 0, "start": 0, "end": len(text), **meta})
             continue
         for n, (start, end, chunk) in enumerate(chunker.split(text, markdown=md)):
             out_ids.append(f"{doc_id}#{n}")
             out_texts.append(chunk)
-            out_metas.append({**meta, "source": doc_id, "chunk": n, "start": start, "end": end})
+            out_metas.append({"source": doc_id, "chunk": n, "start": start, "end": end, **meta})
+    if kept:
+        logger.warning("metadata already holds %s (a document loader's 'source', say): the caller's values are "
+                       "kept, so those chunks do not carry normrank's own (their document id and offsets)",
+                       ", ".join(repr(k) for k in CHUNK_KEYS if k in kept))
     return out_ids, out_texts, out_metas
 
 
@@ -193,14 +203,14 @@ def chunk_files(
     names, texts, metas, md = [], [], [], []
     for p in paths:
         path = Path(p)
-        text = read_text_file(path).strip()
+        text = read_text_file(path)  # not stripped: a chunk's start/end index the file as read
         name = path.as_posix()
         if root is not None:
             try:
                 name = path.resolve().relative_to(Path(root).resolve()).as_posix()
             except ValueError:
                 raise InvalidArgumentError(f"{path} is not inside root {root}") from None
-        if not text:
+        if not text.strip():
             logger.warning("skipping empty file %s", path)
             continue
         names.append(name)

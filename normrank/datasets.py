@@ -120,6 +120,19 @@ def _row_id(row: dict, path: Path, no: int, key: str = "_id") -> str:
     return str(value)
 
 
+def _row_text(row: dict, path: Path, no: int, key: str = "text") -> str:
+    """A row's ``text`` or ``title``: a string, or empty when missing or null. Anything else is a
+    :class:`DatasetError` naming the line: a list of paragraphs was indexed as its Python repr
+    (``"['first', 'second']"``), ``true`` as ``"True"``, and ``0`` was skipped as an empty document."""
+    value = row.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise DatasetError(f"{path}:{no} has a {key!r} that is a {type(value).__name__} ({str(value)[:40]!r}); "
+                           f"expected a string (join paragraphs into one text first)")
+    return value
+
+
 @dataclass
 class Document:
     id: str
@@ -163,7 +176,7 @@ def read_queries(path: str | os.PathLike[str]) -> dict[str, str]:
         if qid in lines:
             raise DatasetError(f"{path}:{no} repeats query id {qid!r} (first on line {lines[qid]})")
         lines[qid] = no
-        queries[qid] = str(row.get("text") or "")
+        queries[qid] = _row_text(row, path, no)
     return queries
 
 
@@ -261,7 +274,7 @@ def load_beir(path: str | os.PathLike[str], split: str = "test") -> BeirDataset:
                                "ids must be unique")
         lines[did] = no
         meta = row.get("metadata")
-        corpus[did] = Document(did, str(row.get("title") or ""), str(row.get("text") or ""),
+        corpus[did] = Document(did, _row_text(row, corpus_path, no, "title"), _row_text(row, corpus_path, no),
                                meta if isinstance(meta, dict) else {})
     queries = read_queries(_find(folder, "queries"))
     splits = available_splits(folder)

@@ -86,7 +86,7 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, 
     """(id, text, metadata) per row. The id is ``_id`` (else ``id``), named like ``load_beir`` names it
     when it is null, empty, a list or a dict (``"_id": null`` became the id "None"); a row with
     neither is numbered by its line. A repeated id names both lines."""
-    from normrank.datasets import _row_id
+    from normrank.datasets import _row_id, _row_text
 
     out = []
     first: dict[str, int] = {}
@@ -99,11 +99,11 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, 
             raise DatasetError(f"{path}:{no} repeats document id {did!r} (first on line {first[did]}); ids must be "
                                "unique")
         first[did] = no
-        title = str(row.get("title") or "").strip()
-        body = str(row.get("text") or "").strip()
+        title = _row_text(row, path, no, "title").strip()
+        body = _row_text(row, path, no).strip()
         meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
         if title:
-            meta["title"] = title
+            meta.setdefault("title", title)  # a row's own metadata title is the user's: kept
         out.append((did, f"{title}\n{body}".strip() if title else body, meta))
     return out
 

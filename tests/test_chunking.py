@@ -212,3 +212,32 @@ def test_chunk_offsets_index_the_file_as_python_reads_it(tmp_path, encoder):
         with open(tmp_path / meta["path"], encoding="utf-8") as f:
             whole = f.read()
         assert whole[meta["start"]:meta["end"]] == text
+
+
+def test_chunk_files_offsets_index_the_file_as_read(tmp_path, encoder):
+    """chunk_files stripped each file before chunking, so with a leading blank line every offset was off;
+    now ``open(path).read()[start:end]`` is the chunk, as on the command line."""
+    from normrank.chunking import chunk_files
+
+    para = "Rivers carve valleys over long spans of time, and the valleys guide later rivers. " * 12
+    (tmp_path / "a.md").write_text("\n\n   " + para + "\n\n" + para.replace("Rivers", "Glaciers") + "\n", encoding="utf-8")
+    (tmp_path / "short.txt").write_text("\n  A short note.\n", encoding="utf-8")
+    (tmp_path / "blank.txt").write_text(" \n\t\n", encoding="utf-8")
+    ids, texts, metas = chunk_files(sorted(tmp_path.iterdir()), encoder=encoder, size=64, overlap=8, root=tmp_path)
+    assert {m["path"] for m in metas} == {"a.md", "short.txt"} and len(ids) > 2
+    for text, meta in zip(texts, metas):
+        with open(tmp_path / meta["path"], encoding="utf-8") as f:
+            assert f.read()[meta["start"]:meta["end"]] == text
+
+
+def test_chunk_texts_keeps_the_callers_own_chunk_keys(encoder, caplog):
+    """A loader's ``source`` URL (or a transcript's ``start``) was replaced by the chunk's own value."""
+    long_text = _long_file_text()
+    with caplog.at_level("WARNING", logger="normrank.chunking"):
+        ids, texts, metas = chunk_texts([long_text, "A short note."], ids=["long", "short"],
+                                        metadatas=[{"source": "https://example.org/paper.pdf", "page": 3},
+                                                   {"start": "00:01:02"}], encoder=encoder, size=100, overlap=10)
+    assert all(m["source"] == "https://example.org/paper.pdf" and m["page"] == 3 for m in metas[:-1])
+    assert [m["chunk"] for m in metas[:-1]] == list(range(len(metas) - 1))
+    assert metas[-1] == {"source": "short", "chunk": 0, "start": "00:01:02", "end": 13}
+    assert "'source', 'start'" in caplog.text and "kept" in caplog.text

@@ -146,6 +146,12 @@ def test_an_os_error_on_an_output_file_is_one_line(tmp_path, capsys, encoder):
     ([{"_id": "d1", "text": "a"}, {"_id": "", "text": "b"}], r"docs\.jsonl:2 has no usable '_id'"),
     ([{"_id": "d1", "text": "a"}, {"_id": "d1", "text": "b"}], r"docs\.jsonl:2 repeats document id 'd1' \(first on line 1\)"),
     ([{"id": ["x"], "text": "a"}], r"docs\.jsonl:1 has no usable 'id'"),
+    # a text or title that is not a string was indexed as its Python repr ("['a', 'b']", "True"), 0 skipped
+    ([{"_id": "d1", "text": "a"}, {"_id": "d2", "text": ["first", "second"]}],
+     r"docs\.jsonl:2 has a 'text' that is a list \(\"\['first', 'second'\]\"\); expected a string"),
+    ([{"_id": "d1", "text": True}], r"docs\.jsonl:1 has a 'text' that is a bool"),
+    ([{"_id": "d1", "text": 0}], r"docs\.jsonl:1 has a 'text' that is a int"),
+    ([{"_id": "d1", "title": {"t": 1}, "text": "a"}], r"docs\.jsonl:1 has a 'title' that is a dict"),
 ])
 def test_index_names_the_line_of_a_bad_jsonl_id(tmp_path, capsys, rows, expected):
     """``"_id": null`` became the document id "None"; every id problem names its file and line, as
@@ -199,3 +205,20 @@ def test_a_max_seq_length_the_model_cannot_take_is_one_line(tmp_path, capsys):
     assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--config", str(cfg), "--no-progress"]) == 1
     line = _one_error_line(capsys, "index")
     assert "max_seq_length 5000" in line and "512 token positions" in line and "unexpected" not in line
+
+
+def test_load_beir_names_a_text_that_is_not_a_string(tmp_path):
+    from normrank.datasets import load_beir
+    from normrank.errors import DatasetError
+
+    (tmp_path / "qrels").mkdir()
+    (tmp_path / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n", encoding="utf-8")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "rivers"}) + "\n", encoding="utf-8")
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "title": None, "text": "ok"}) + "\n"
+                                           + json.dumps({"_id": "d2", "text": ["a", "b"]}) + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"corpus\.jsonl:2 has a 'text' that is a list"):
+        load_beir(tmp_path)
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"_id": "d1", "text": "ok"}) + "\n", encoding="utf-8")
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": 42}) + "\n", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"queries\.jsonl:1 has a 'text' that is a int"):
+        load_beir(tmp_path)
