@@ -234,7 +234,7 @@ def test_chunk_texts_keeps_the_callers_own_chunk_keys(encoder, caplog):
     """A loader's ``source`` URL (or a transcript's ``start``) was replaced by the chunk's own value."""
     long_text = _long_file_text()
     with caplog.at_level("WARNING", logger="normrank.chunking"):
-        ids, _, metas = chunk_texts([long_text, "A short note."], ids=["long", "short"],
+        _, _, metas = chunk_texts([long_text, "A short note."], ids=["long", "short"],
                                         metadatas=[{"source": "https://example.org/paper.pdf", "page": 3},
                                                    {"start": "00:01:02"}], encoder=encoder, size=100, overlap=10)
     assert all(m["source"] == "https://example.org/paper.pdf" and m["page"] == 3 for m in metas[:-1])
