@@ -372,6 +372,11 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
     current = root / CURRENT
     if _copied_without_links(root):
         folder = current  # a copy that turned the link into the version folder itself (cp -r, copytree)
+    elif not os.path.lexists(current) and not foreign_entries(root):
+        # empty, or only what a save writes before it publishes (.lock, the marker, an unpublished version):
+        # nothing is saved yet, as when the folder does not exist; a first save may be running
+        raise FileNotFoundError(f"no saved index at {root} yet: nothing has been published there "
+                                "(a first save into it may still be running)")
     elif not current.is_symlink():
         raise IndexFormatError(f"{root} is not a saved normrank index (no '{CURRENT}' version link)")
     else:

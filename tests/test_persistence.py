@@ -722,3 +722,53 @@ def test_pieces_are_each_hashed_once_by_whichever_thread_is_free(tmp_path, monke
     data[piece * 3 + 5] ^= 0xFF
     (tmp_path / "b.bin").write_bytes(bytes(data))
     assert persistence.DeferredDigests(files, helpers).first_bad() == "b.bin"
+
+
+@pytest.mark.parametrize("layout", ["empty", "lock only", "marker and lock", "unpublished version"])
+def test_a_folder_a_first_save_is_still_writing_has_no_saved_index_yet(tmp_path, layout):
+    """What a first save leaves before it publishes reads as no index yet (FileNotFoundError, as before the
+    folder existed), not as a damaged or foreign folder (IndexFormatError); a folder with foreign content
+    and no ``current`` is still named as not an index."""
+    root = tmp_path / "idx"
+    root.mkdir()
+    if layout != "empty":
+        (root / ".lock").touch()
+    if layout in ("marker and lock", "unpublished version"):
+        (root / ".normrank").write_text('{"kind": "normrank saved index"}\n')
+    if layout == "unpublished version":
+        (root / ("v-" + "ab" * 16)).mkdir()
+        (root / ("v-" + "ab" * 16) / ".normrank-version").write_text("{}\n")
+    with pytest.raises(FileNotFoundError, match="no saved index at .* yet"):
+        NormIndex.load(root)
+    (root / ".normrank").unlink(missing_ok=True)
+    (root / "notes.txt").write_text("mine")
+    with pytest.raises(IndexFormatError, match="not a saved normrank index"):
+        NormIndex.load(root)
+
+
+def test_loads_racing_first_saves_see_nothing_or_the_index(tmp_path):
+    """A reader polling folders that another process saves into for the first time gets
+    FileNotFoundError until the save is published, then the index: never IndexFormatError."""
+    writer = textwrap.dedent(f"""
+        import sys, numpy as np
+        sys.path.insert(0, {str(ROOT)!r})
+        from normrank import NormIndex, Weights
+        rng = np.random.default_rng(0)
+        idx = NormIndex(dim=16, weights=Weights(a=0.02))
+        idx.add_vectors(rng.standard_normal((50, 16)).astype(np.float32), rng.integers(5, 99, 50))
+        for k in range(40):
+            idx.save({str(tmp_path)!r} + f"/i{{k}}")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", writer])
+    seen: dict[str, int] = {}
+    k = 0
+    deadline = time.monotonic() + 120
+    while k < 40 and time.monotonic() < deadline:
+        try:
+            NormIndex.load(tmp_path / f"i{k}")
+            k += 1
+            seen["loaded"] = seen.get("loaded", 0) + 1
+        except FileNotFoundError:
+            seen["not yet"] = seen.get("not yet", 0) + 1
+    assert proc.wait(timeout=120) == 0
+    assert seen.get("loaded") == 40, seen
