@@ -79,6 +79,10 @@ class InvalidTextError(InvalidArgumentError):
     """A text, id or metadata string cannot be stored: a lone surrogate (not UTF-8), or NUL where refused."""
 
 
+class MissingTokenCountError(InvalidArgumentError):
+    """A query vector came without its token count, which the query-conditioned weight (``b != 0``) needs."""
+
+
 class InvalidMetadataError(InvalidArgumentError):
     """Metadata is not a JSON object of finite values, or is nested too deep or too large."""
 

@@ -36,6 +36,7 @@ from normrank.errors import (
     EmptyCorpusError,
     InvalidArgumentError,
     InvalidIdError,
+    MissingTokenCountError,
     UnitNormError,
 )
 from normrank.filters import MetadataFilter, match  # noqa: F401  (MetadataFilter re-exported: where it always was)
@@ -181,7 +182,8 @@ def held_documents(index: Any) -> bool:
 
 
 def search_up_to(index: SearchableIndex, query: Any, k: int, on_empty: Callable[[], list[Hit]], *,
-                 filter: Any = None, query_token_count: int | None = None) -> list[Hit]:
+                 filter: Any = None, query_token_count: int | None = None,
+                 count_text: str | None = None) -> list[Hit]:
     """The blended top-``k`` of ``index``, ``k`` clamped to the documents it holds when it searches.
 
     Why: the framework adapters promise "asking for more than the index holds returns all of them",
@@ -189,7 +191,17 @@ def search_up_to(index: SearchableIndex, query: Any, k: int, on_empty: Callable[
     made the search refuse a ``k`` larger than the index (53 of 66 retrievals while a thread deleted).
     Counted again and searched again while the index keeps shrinking; ``on_empty()`` answers for an
     empty index (``[]``, or the adapter's error).
+
+    ``count_text``: the text of a raw query vector whose token count was left out because the blend did
+    not need it (``b == 0``). If the blend changes to ``b != 0`` before the search (a ``fit`` or
+    ``set_weights`` in another thread), the count is taken from it then, instead of failing a query that
+    either blend answers.
     """
+    if count_text is not None and query_token_count is None:
+        try:
+            return search_up_to(index, query, k, on_empty, filter=filter)
+        except MissingTokenCountError:
+            query_token_count = int(index.encoder.token_counts([count_text])[0])  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {"filter": filter}
     encoder = getattr(index, "encoder", None)
     if isinstance(query, str) and encoder is not None and isinstance(index, BlendIndexBase):
@@ -408,7 +420,7 @@ class BlendIndexBase:
         if w.b == 0.0:
             return np.full(norms.shape, w.a, dtype=np.float64)
         if np.any(counts < 1):
-            raise InvalidArgumentError(
+            raise MissingTokenCountError(
                 "a query vector was given without its token count, which the query-conditioned weight "
                 "(b != 0) needs: pass query_token_count, or search with the query text"
             )

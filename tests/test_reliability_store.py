@@ -672,3 +672,23 @@ def test_a_first_save_that_fails_says_nothing_was_saved_and_a_dangling_link_is_n
     with pytest.raises(IndexFormatError, match="is a symbolic link to .*nowhere.*, which does not exist"):
         index.save(tmp_path / "link")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_query_vector_without_its_count_is_a_missing_token_count_error_that_search_up_to_mends(encoder):
+    """With b != 0 a raw query vector needs its token count: the error is MissingTokenCountError (an
+    InvalidArgumentError), and search_up_to given the query's text counts it and answers as if it had been
+    passed (what the LlamaIndex adapters rely on when the blend changes under them)."""
+    from normrank import MissingTokenCountError
+    from normrank.index_base import search_up_to
+
+    vecs, counts = synthetic(60, dim=384, seed=2)
+    index = NormIndex(encoder, weights=Weights(a=0.01, b=0.02))
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(60)])
+    index.calibrate_queries(norms=np.linspace(2, 6, 50), token_counts=np.arange(5, 55))
+    q = vecs[3] * 1.3
+    with pytest.raises(MissingTokenCountError, match="without its token count"):
+        index.search(q, 5)
+    assert issubclass(MissingTokenCountError, InvalidArgumentError)
+    text = "how long do massive stars live"
+    got = search_up_to(index, q, 5, list, count_text=text)
+    assert got == index.search(q, 5, query_token_count=int(encoder.token_counts([text])[0]))

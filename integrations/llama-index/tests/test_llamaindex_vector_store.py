@@ -805,3 +805,51 @@ def test_an_index_whose_model_folder_moved_still_answers_vector_queries(tmp_path
         NormRankPostprocessor.from_index(loaded)
     with pytest.raises(ModelLoadError, match="is not on this machine"):
         NormRankEmbedding(encoder=loaded.encoder)
+
+
+def test_queries_with_an_embedding_and_text_survive_a_blend_switching_b_in_another_thread(encoder):
+    """The store and the retriever left the token count out under a fixed blend (b = 0), read outside the
+    search; a set_weights to b != 0 in between failed the query with "a query vector was given without its
+    token count" (9 of 400 queries), which neither blend gives alone. Every answer is now one of the two."""
+    from llama_index.core import QueryBundle
+    from llama_index.retrievers.normrank import NormRankRetriever
+
+    rng = np.random.default_rng(0)
+    store = NormRankVectorStore(encoder=encoder, weights=Weights(a=0.02))
+    store.add([TextNode(id_=f"n{i}", text=f"node number {i} " + "word " * (i % 30),
+                        embedding=(rng.standard_normal(384) * rng.uniform(0.5, 2)).tolist()) for i in range(300)])
+    qv = (rng.standard_normal(384) * 1.7).tolist()
+    text = "how long do massive stars live"
+    query = VectorStoreQuery(query_embedding=qv, query_str=text, similarity_top_k=5)
+    retriever = NormRankRetriever(index=store.index, similarity_top_k=5)
+    bundle = QueryBundle(query_str=text, embedding=qv)
+    blends = (Weights(a=0.02), Weights(a=0.0, b=0.02))
+    serial = set()
+    for w in blends:
+        store.index.set_weights(w)
+        serial.add(tuple(store.query(query).ids))
+        assert tuple(n.node.node_id for n in retriever.retrieve(bundle)) in serial
+    stop = threading.Event()
+    answers: list[tuple] = []
+    errors: list[str] = []
+
+    def toggle() -> None:
+        for i in range(1500):
+            store.index.set_weights(blends[i % 2])
+        stop.set()
+
+    def ask() -> None:
+        while not stop.is_set():
+            try:
+                answers.append(tuple(store.query(query).ids))
+                answers.append(tuple(n.node.node_id for n in retriever.retrieve(bundle)))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=toggle), threading.Thread(target=ask)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert answers and set(answers) <= serial

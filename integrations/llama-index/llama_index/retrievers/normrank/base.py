@@ -195,13 +195,17 @@ class NormRankRetriever(BaseRetriever):
 
         query: Any = query_bundle.query_str
         count = None
+        count_text = None
         dim = getattr(self.index, "dim", None)
         if dim and is_raw(query_bundle.embedding, dim):
             query = np.asarray(query_bundle.embedding, dtype=np.float32)
-            if not is_blank(query_bundle.query_str) and self.index.weights.b != 0:  # only w(q) needs it
-                count = int(self.index.encoder.token_counts([query_bundle.query_str])[0])
+            if not is_blank(query_bundle.query_str):
+                if self.index.weights.b != 0:  # only w(q) needs it
+                    count = int(self.index.encoder.token_counts([query_bundle.query_str])[0])
+                else:  # counted by search_up_to should the blend change to b != 0 before the search
+                    count_text = query_bundle.query_str
         hits = search_up_to(self.index, query, self.similarity_top_k, self._empty, filter=self.filter,
-                            query_token_count=count)
+                            query_token_count=count, count_text=count_text)
         return [NodeWithScore(node=with_explanation(_to_node(hit.id, hit.text, hit.metadata), explain(hit)),
                               score=hit.score)
                 for hit in hits]

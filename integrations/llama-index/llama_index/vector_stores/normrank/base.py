@@ -537,13 +537,14 @@ class NormRankVectorStore(BasePydanticVectorStore):
             vector = np.asarray(query.query_embedding, dtype=np.float32)
             # only the query-conditioned weight (b != 0) needs the count: a fixed blend searches by the vector
             # alone, also when the index's model folder is not on this machine (MissingModelEncoder)
+            # (the blend may change before the search: then search_up_to counts the text)
             count = int(encoder.token_counts([text])[0]) if has_text and self._index.weights.b != 0 else None
         else:
             vecs, counts = encoder.encode_with_counts([text])
             vector, count = vecs[0], int(counts[0])
         with self._lock:  # k clamped to what the index holds when it searches (another handle may delete)
             hits = search_up_to(self._index, vector, int(k), self._empty_hits, filter=predicate,
-                                query_token_count=count)
+                                query_token_count=count, count_text=text if has_text and count is None else None)
         return _result(hits)
 
     def _is_nodes_dict(self, node_ids: Sequence[str] | None) -> bool:
