@@ -15,6 +15,7 @@ on MiniLM, so this test usually (and rightly) says no on small query sets.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -317,7 +318,13 @@ def fit_index(index: Any, queries: Mapping[str, str], qrels: Mapping[str, Mappin
     query_calibrator = fit_query_calibration(qnorms, counts) if calibrate_queries else None
     started = fit_basis(index)  # what the candidates are computed from; checked again when publishing
     base = started[0].replace(a=0.0, b=0.0)
-    cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
+    # The qrels checked again against the documents the candidates are computed from (one state, under the
+    # index's lock where it has one): a delete while the queries were encoded gave a report on a state that
+    # never was, neither "fit, then delete" nor the UnknownIdError of "delete, then fit".
+    with getattr(index, "_lock", None) or contextlib.nullcontext():
+        cands = index.cosine_candidates(list(vectors), depth, query_token_counts=counts.tolist())
+        present = set(index.ids())
+    check_qrels(qrels, queries, present, missing_ok)
     if query_calibrator is not None:  # the features under the calibration this fit will publish
         cands.query_features = {f: query_calibrator.transform(qnorms, counts, f) for f in FEATURES}
     report = fit_candidates(cands, qids, qrels, base=base, **kwargs)

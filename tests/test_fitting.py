@@ -111,6 +111,28 @@ def _change_midway(fitter, change) -> None:
     fitter.cosine_candidates = candidates_then_change
 
 
+def test_judged_documents_deleted_while_the_queries_encode_are_named(demo_encoded, encoder):
+    """The qrels were checked before the queries were encoded, the candidates computed after: a delete of
+    judged documents in between gave no error and a report on a state that never was (neither "fit,
+    then delete" nor the UnknownIdError of "delete, then fit"). Now the serial answer: UnknownIdError."""
+    ids, texts, queries, qrels = _demo_fit_data()
+    vecs, counts = demo_encoded
+    index = NormIndex(encoder)
+    index.add_vectors(vecs, counts, ids=ids, texts=texts)
+    victims = list(qrels["q1"]) + list(qrels["q2"])
+    real = index.cosine_candidates
+
+    def delete_then_candidates(*args, **kwargs):  # the delete lands after the check, before the candidates
+        if victims[0] in index:
+            index.delete(victims)
+        return real(*args, **kwargs)
+
+    index.cosine_candidates = delete_then_candidates
+    with pytest.raises(UnknownIdError, match="qrels name 3 document ids not in the index"):
+        index.fit(queries, qrels)
+    assert index.weights == Weights()
+
+
 @pytest.mark.parametrize("change", ["set_weights", "recalibrate"])
 def test_a_fit_does_not_undo_a_change_made_while_it_ran(demo_encoded, encoder, change):
     """``fit`` read the weights, fitted, and published weights built on the old ones: a ``set_weights``
