@@ -34,8 +34,14 @@ RAW_VECTORS_HINT = (
 
 
 def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None = None) -> np.ndarray:
-    """Return a C-contiguous float32 (n, dim) copy, refusing anything that would corrupt an index."""
-    arr = np.array(vectors, dtype=np.float32, copy=True)
+    """Return a C-contiguous float32 (n, dim) copy, refusing anything that would corrupt an index.
+
+    Numbers only (float or int arrays or lists): complex vectors lost their imaginary part, and vectors of
+    strings or booleans were converted, in silence."""
+    given = vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors)
+    if given.dtype.kind not in "fiu":
+        raise InvalidVectorError(f"vectors must hold real numbers (float or int), got {given.dtype} values")
+    arr = np.array(given, dtype=np.float32, copy=True)
     if arr.ndim == 1:
         arr = arr[None, :]
     if arr.ndim != 2:

@@ -87,6 +87,8 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str")
+        if type(t) is not str:  # np.str_ and other str subclasses: kept as str, as a save and load return them
+            out[i] = t = str.__str__(t)
         if not t.strip():
             raise EmptyTextError(f"text {i} is empty or whitespace only; it cannot be embedded")
         check_text(t, f"text {i}")

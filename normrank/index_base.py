@@ -36,6 +36,7 @@ from normrank.errors import (
     EmptyCorpusError,
     InvalidArgumentError,
     InvalidIdError,
+    InvalidVectorError,
     MissingTokenCountError,
     UnitNormError,
 )
@@ -71,6 +72,8 @@ def _check_ids(ids: Any, *, allow_nul: bool = True) -> list[str]:
     for i, x in enumerate(out):
         if not isinstance(x, str) or not x:
             raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
+        if type(x) is not str:  # np.str_ and other str subclasses: stored as str, as a save and load return them
+            out[i] = x = str.__str__(x)
         check_text(x, f"id {i}", allow_nul=allow_nul)
     return out
 
@@ -315,6 +318,8 @@ class BlendIndexBase:
             if t is not None and not isinstance(t, str):
                 raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
             if t is not None:
+                if type(t) is not str:  # np.str_: stored as str, as a save and load return it
+                    text_list[i] = t = str.__str__(t)
                 check_text(t, f"text {i}", allow_nul=self._allow_nul)
         return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul)
 
@@ -408,7 +413,13 @@ class BlendIndexBase:
                 counts.append(int(enc_counts[t]))
                 t += 1
             else:
-                rows.append(np.asarray(q, dtype=np.float32).ravel())
+                given = q if isinstance(q, np.ndarray) else np.asarray(q)
+                if given.dtype.kind not in "fiu":  # as as_matrix says for stored vectors
+                    raise InvalidVectorError(f"vectors must hold real numbers (float or int), got {given.dtype} values")
+                if given.ndim > 1 and given.size != given.shape[-1]:  # (1, d) is one query; (2, d) is not
+                    raise DimensionMismatchError(f"a query vector is 1-D, got an array of shape {given.shape}; "
+                                                 "search several queries with search_batch")
+                rows.append(np.asarray(given, dtype=np.float32).ravel())
                 counts.append(_given_count(None if token_counts is None else token_counts[i]))
         if self._dim is not None and any(r.shape[0] != self._dim for r in rows):
             bad = next(r.shape[0] for r in rows if r.shape[0] != self._dim)
@@ -509,10 +520,22 @@ MAX_TOKEN_COUNT = 2**31 - 1
 
 
 def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Whole numbers >= 1, one per vector: ints, or floats that are whole. Booleans, strings and nested
+    lists are refused, not converted (``True`` became 1, ``"5"`` 5 and ``[[5]]`` 5 in silence, where a
+    query's ``query_token_count="5"`` was refused)."""
+    if isinstance(token_counts, (str, bytes)):
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1, got a {type(token_counts).__name__}")
     try:
-        raw = np.asarray(token_counts, dtype=np.float64).ravel()
+        given = np.asarray(token_counts)
     except (TypeError, ValueError) as exc:
         raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
+    if given.dtype.kind == "b" or (not isinstance(token_counts, np.ndarray) and given.ndim == 1
+                                   and any(isinstance(c, (bool, np.bool_)) for c in token_counts)):
+        raise InvalidArgumentError("token counts must be whole numbers >= 1, not True/False")
+    if given.ndim > 1 or given.dtype.kind not in "iuf":
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 in a flat list, got {given.dtype} "
+                                   f"values of shape {given.shape}")
+    raw = given.astype(np.float64).ravel()
     if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
         raise InvalidArgumentError("token counts must be whole numbers >= 1")
     if np.any(raw > MAX_TOKEN_COUNT):  # both backends store 32-bit counts (FAISS sidecar, pgvector integer)

@@ -411,9 +411,6 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
     for name in required:
         if name not in files:
             raise IndexFormatError(f"{MANIFEST} of the index at {root} does not list {name}: the file was altered")
-    pieces = manifest.get("pieces", {})
-    if not _valid_pieces(pieces, files):
-        raise IndexFormatError(f"{folder / MANIFEST} has no valid 'pieces' table: the file was altered")
     for name, digest in files.items():
         path = folder / name
         if path.is_symlink():
@@ -421,28 +418,30 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
                 f"file {name} of the index at {root} is a symbolic link; refusing to follow it out of the index folder")
         if not path.is_file():
             raise IndexFormatError(f"file {name} of the index at {root} is missing")
-        if name in deferred and name in pieces:
-            if path.stat().st_size != pieces[name]["size"]:  # the pieces check what they cover: all of it
-                raise _mismatch(name, root)
-        elif name not in deferred and sha256_file(path) != digest:
+        if name not in deferred and sha256_file(path) != digest:
             raise _mismatch(name, root)
     return folder, manifest
 
 
-def _valid_pieces(pieces: Any, files: dict[str, str]) -> bool:
-    """Whether a manifest's ``pieces`` (:func:`piece_table` per file) is well formed: whole pieces of a
-    page-aligned size, one digest string per piece, for files the manifest lists."""
-    if not isinstance(pieces, dict):
-        return False
-    for name, table in pieces.items():
-        if name not in files or not isinstance(table, dict):
-            return False
-        size, piece, digests = table.get("size"), table.get("piece"), table.get("sha256")
-        if not (type(size) is int and size >= 0 and type(piece) is int and 0 < piece <= _PIECE_MAX
-                and piece % mmap.ALLOCATIONGRANULARITY == 0 and isinstance(digests, list)
-                and len(digests) == -(-size // piece) and all(isinstance(d, str) for d in digests)):
-            return False
-    return True
+def usable_pieces(manifest: dict[str, Any], name: str, path: Path) -> dict[str, Any] | None:
+    """The manifest's piece table for ``name`` when it is well formed and covers the file as it is now
+    (whole pieces of a page-aligned size, one digest string each, the file's size); else ``None``, and the
+    whole-file digest alone decides. The pieces only speed the check up: ``files`` stays the authority,
+    as it is for a normrank that predates pieces (a folder whose file and ``files`` entry were rewritten
+    together, pieces left stale, loads as it does there)."""
+    pieces = manifest.get("pieces")
+    table = pieces.get(name) if isinstance(pieces, dict) else None
+    if not isinstance(table, dict):
+        return None
+    size, piece, digests = table.get("size"), table.get("piece"), table.get("sha256")
+    if not (type(size) is int and size >= 0 and type(piece) is int and 0 < piece <= _PIECE_MAX
+            and piece % mmap.ALLOCATIONGRANULARITY == 0 and isinstance(digests, list)
+            and len(digests) == -(-size // piece) and all(isinstance(d, str) for d in digests)):
+        return None
+    try:
+        return table if path.stat().st_size == size else None
+    except OSError:
+        return None
 
 
 def _mismatch(name: str, root: Path) -> IndexFormatError:
@@ -467,12 +466,14 @@ class DeferredDigests:
         # jobs in the caller's order (biggest file first): (name, path, offset, length); length None = whole file
         self._jobs: list[tuple[str, Path, int, int | None]] = []
         self._expected: dict[str, list[str]] = {}  # name -> the digest of each of its jobs, in order
+        self._whole: dict[str, tuple[Path, str]] = {}  # pieced files: the whole-file digest, which decides
         for name, (path, digest, *rest) in files.items():
             table = rest[0] if rest else None
             if table is None:
                 self._jobs.append((name, path, 0, None))
                 self._expected[name] = [digest]
             else:
+                self._whole[name] = (path, digest)
                 piece = table["piece"]
                 self._jobs += [(name, path, off, piece) for off in range(0, table["size"], piece)]
                 self._expected[name] = list(table["sha256"])
@@ -523,7 +524,8 @@ class DeferredDigests:
             for result in got[name]:
                 if isinstance(result, BaseException):
                     raise result
-            if got[name] != expected:
+            if got[name] != expected and (name not in self._whole  # stale pieces: the whole-file digest decides
+                                          or sha256_file(self._whole[name][0]) != self._whole[name][1]):
                 return name
         return None
 
@@ -571,8 +573,7 @@ def reading_deferred(
         raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
     with _locked(root, exclusive=False):
         folder, manifest = _verify(root, format_version, required, deferred)
-        pieces = manifest.get("pieces", {})
-        files = {name: (folder / name, manifest["files"][name], pieces.get(name))
+        files = {name: (folder / name, manifest["files"][name], usable_pieces(manifest, name, folder / name))
                  for name in deferred if name in manifest["files"]}
         digests = DeferredDigests(files, spare_cores(busy_threads))
         try:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,37 @@ def test_all_zero_vectors(store, encoder, two):
     refused(store, lambda: store.add_vectors(vecs, counts, ids=["v0", "v1"]),
             InvalidVectorError, r"all-zero vectors have no direction and no norm \(rows \[0\]\)")
     refused(store, lambda: store.search(np.zeros(384, dtype=np.float32), 3), InvalidVectorError, "all-zero")
+
+
+@pytest.mark.parametrize("kind", ["complex", "bool", "str", "object"])
+def test_vectors_that_are_not_real_numbers(store, two, kind):
+    """A complex vector lost its imaginary part, and vectors of strings or booleans were converted, in
+    silence (a query too): named now, and nothing stored changes."""
+    vecs, counts = two[0].copy(), two[1]
+    bad = {"complex": vecs.astype(complex) * (1 + 1j), "bool": vecs > 0, "str": vecs.astype(str),
+           "object": np.array([[Decimal(str(x)) for x in row] for row in vecs], dtype=object)}[kind]
+    refused(store, lambda: store.add_vectors(bad, counts, ids=["v0", "v1"]), InvalidVectorError,
+            "vectors must hold real numbers")
+    refused(store, lambda: store.search(bad[0], 3, query_token_count=5), InvalidVectorError,
+            "vectors must hold real numbers")
+
+
+def test_numpy_strings_are_stored_as_str_and_a_matrix_is_not_one_query(store, two, tmp_path):
+    """Ids and texts given as NumPy string arrays were kept as np.str_ until a save and load turned them
+    into str (reprs and types changed across a reload); a (2, d) matrix given to search() was named with
+    the dimension of its rows run together ("query has dimension 768")."""
+    vecs, counts = two[0].copy(), two[1]
+    fresh = NormIndex(dim=384, weights=Weights(a=0.02))
+    fresh.add_vectors(vecs, counts, ids=np.array(["n0", "n1"]), texts=np.array(["first", "second"]))
+    loaded = NormIndex.load(fresh.save(tmp_path / "np").parent)
+    for index in (fresh, loaded):
+        assert [type(x) for x in index.ids()] == [str, str]
+        assert [type(r.text) for r in index.get(["n0", "n1"])] == [str, str]
+        hit = index.search(vecs[0], 1, query_token_count=5)[0]
+        assert type(hit.id) is str and type(hit.text) is str
+    assert repr(fresh.get(["n0"])) == repr(loaded.get(["n0"]))
+    refused(store, lambda: store.search(vecs, 3, query_token_count=5), DimensionMismatchError,
+            r"a query vector is 1-D, got an array of shape \(2, 384\); search several queries with search_batch")
 
 
 def test_wrong_dimension_add_and_search(store):
@@ -276,6 +308,9 @@ def test_k_larger_than_the_index(store):
     (["x", 5], "token counts must be whole numbers >= 1"),
     ([2**31, 5], "token counts must be whole numbers >= 1 and <= 2147483647"),
     ([5], "1 token counts for 2 vectors"),
+    ([True, 5], r"not True/False"),  # were read as 1, "5" as 5 and [[5], [6]] as 5, 6, in silence
+    (["5", 6], r"whole numbers >= 1 in a flat list, got <U"),
+    ([[5], [6]], r"whole numbers >= 1 in a flat list, got int64 values of shape \(2, 1\)"),
 ])
 def test_bad_token_counts(store, encoder, counts, message, two):
     vecs = two[0].copy()

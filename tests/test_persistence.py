@@ -675,18 +675,19 @@ def test_a_folder_saved_without_pieces_loads_and_is_still_checked(tmp_path):
     lambda m: m["pieces"]["index.faiss"].update(piece=0),
     lambda m: m["pieces"]["index.faiss"]["sha256"].pop(),  # fewer digests than pieces
     lambda m: m["pieces"]["index.faiss"].update(size=True),
-    lambda m: m["pieces"].update({"other.bin": m["pieces"]["index.faiss"]}),  # a file the manifest does not list
+    lambda m: m["pieces"]["index.faiss"].update(size=12),
+    lambda m: m["pieces"]["index.faiss"]["sha256"].__setitem__(1, "0" * 64),  # a stale digest
 ])
-def test_a_malformed_pieces_table_is_named(tmp_path, change):
-    folder = _big_index(n=600).save(tmp_path / "idx")
+def test_the_whole_file_digest_decides_when_pieces_are_malformed_or_stale(tmp_path, change):
+    """Pieces only speed the check up; ``files`` stays the authority, as for a normrank that predates
+    them: a malformed or stale piece table loads when the file matches its whole-file digest (a folder
+    whose file and ``files`` entry were rewritten together loads as it does there), and names the file
+    when it does not."""
+    index = _big_index(n=2000)
+    folder = index.save(tmp_path / "idx")
     _edit_manifest(folder, change)
-    with pytest.raises(IndexFormatError, match="has no valid 'pieces' table: the file was altered"):
-        NormIndex.load(tmp_path / "idx")
-
-
-def test_an_altered_piece_digest_is_named(tmp_path):
-    folder = _big_index().save(tmp_path / "idx")
-    _edit_manifest(folder, lambda m: m["pieces"]["index.faiss"]["sha256"].__setitem__(1, "0" * 64))
+    assert snapshot(NormIndex.load(tmp_path / "idx"), dim=384) == snapshot(index, dim=384)
+    _damage(folder / "index.faiss", "alter")
     with pytest.raises(IndexFormatError, match="checksum mismatch for index.faiss"):
         NormIndex.load(tmp_path / "idx")
 
