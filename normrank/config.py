@@ -457,6 +457,17 @@ def build_weights(config: NormRankConfig) -> Any:
     return Weights(**config.scoring.model_dump())
 
 
+def _override_weights(index: Any, config: NormRankConfig) -> None:
+    """Set the ``scoring`` keys the file names on a saved index or table; the others keep their saved values.
+
+    Why by key: the section was compared with the defaults as a whole, so ``scoring: {a: 0.0, b: 0.0}``
+    (plain cosine, as the example file says) left a saved blend on, and ``scoring: {clip: 2.0}`` alone
+    reset a saved (or fitted) blend to plain cosine."""
+    given = {key: getattr(config.scoring, key) for key in config.scoring.model_fields_set}
+    if given:
+        index.set_weights(index.weights.replace(**given))
+
+
 def build_index(source: Any = None) -> Any:
     """An empty ``NormIndex`` as the config describes, the saved one at ``store.path`` if it exists, or,
     with ``store.backend: pgvector``, a ``PgVectorNormIndex`` on ``store.table`` (which may already hold
@@ -478,18 +489,18 @@ def build_index(source: Any = None) -> Any:
         from normrank.pgvector_store import PgVectorNormIndex
 
         given = s.model_fields_set
-        return PgVectorNormIndex(
-            s.dsn or None, s.table, encoder,
-            weights=build_weights(config) if config.scoring != ScoringConfig() else None,
+        index = PgVectorNormIndex(
+            s.dsn or None, s.table, encoder, weights=None,
             index_type=s.index_type if "index_type" in given else None, hnsw_m=s.hnsw_m,
             ef_construction=s.ef_construction, ef_search=s.ef_search if "ef_search" in given else None,
             calibrator=None if config.calibration == CalibrationConfig() else
             NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
         )
+        _override_weights(index, config)
+        return index
     if saved:
         index = NormIndex.load(str(s.path), encoder=encoder)
-        if config.scoring != ScoringConfig():
-            index.set_weights(build_weights(config))
+        _override_weights(index, config)
         return index
     return NormIndex(
         encoder, weights=build_weights(config), index_type=s.index_type, pad_to=s.pad_to, hnsw_m=s.hnsw_m,

@@ -175,3 +175,35 @@ def test_pgvector_limits_are_named_at_load():
 def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
     with pytest.raises(ConfigError, match="is a folder"):
         load_config(tmp_path)
+
+
+@pytest.mark.parametrize("backend", ["faiss", "pgvector"])
+def test_scoring_keys_the_file_names_override_a_saved_blend_and_the_rest_keep_it(
+        tmp_path, encoder, demo_encoded, backend, request):
+    """The section was compared with the defaults as a whole: ``scoring: {a: 0.0, b: 0.0}`` (plain cosine,
+    as the example says) left a saved a=0.03 on, and ``scoring: {clip: 2.0}`` alone reset it to cosine."""
+    from normrank.config import build_index
+    from normrank.scoring import Weights
+    from normrank.store import NormIndex
+
+    vecs, counts = demo_encoded
+    saved = Weights(a=0.03, feature="raw")
+    if backend == "faiss":
+        index = NormIndex(encoder, weights=saved)
+        index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(len(vecs))])
+        index.save(tmp_path / "ix")
+        store = "store:\n  path: ix\n"
+    else:
+        from normrank.pgvector_store import PgVectorNormIndex
+
+        dsn, table = request.getfixturevalue("pg_dsn"), request.getfixturevalue("pg_table_factory")("cfg")
+        index = PgVectorNormIndex(dsn, table, encoder, weights=saved)
+        index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(len(vecs))])
+        store = f"store:\n  backend: pgvector\n  dsn: {dsn}\n  table: {table}\n"
+    for scoring, want in (("", saved), ("scoring: {}\n", saved),
+                          ("scoring:\n  a: 0.0\n  b: 0.0\n", saved.replace(a=0.0)),
+                          ("scoring:\n  clip: 2.0\n", saved.replace(clip=2.0))):
+        (tmp_path / "c.yaml").write_text(store + scoring, encoding="utf-8")
+        assert build_index(tmp_path / "c.yaml").weights == want, scoring
+        if backend == "pgvector":  # the table is shared: put the saved blend back for the next case
+            index.set_weights(saved)
