@@ -138,6 +138,10 @@ def check_encoder_options(options: Mapping[str, Any]) -> None:
         check_option("batch_size", options["batch_size"])
     if options.get("max_seq_length") is not None:
         check_option("max_seq_length", options["max_seq_length"])
+    if options.get("device") is not None:
+        from normrank.encoders import check_device
+
+        check_device(options["device"])
     if "backend" in options:
         from normrank.onnx_backend import check_backend
 

@@ -79,6 +79,14 @@ class EncoderConfig(_Section):
         check_backend(self.backend, self.device)
         return self
 
+    @field_validator("device")
+    @classmethod
+    def _device_is_a_torch_device(cls, value: str) -> str:
+        """A typo (``gpu``) loaded and failed at the first query, with advice about model folders."""
+        from normrank.encoders import check_device
+
+        return check_device(value)
+
     @classmethod
     def from_encoder(cls, encoder: Any) -> EncoderConfig:
         """The settings that rebuild ``encoder`` (its ``describe()``), so a config round-trips."""

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import threading
 import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
@@ -93,6 +94,38 @@ def check_texts(texts: Sequence[str]) -> list[str]:
             raise EmptyTextError(f"text {i} is empty or whitespace only; it cannot be embedded")
         check_text(t, f"text {i}")
     return out
+
+
+#: Torch device strings an encoder takes: a kind, and an optional index.
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|mtia)(:[0-9]+)?")
+
+
+def check_device(device: Any) -> str:
+    """``device`` if it is a torch device string ('cpu', 'cuda', 'cuda:1', 'mps', ...), else a named error.
+
+    Why at construction: a typo such as ``gpu`` passed YAML and ``RawEncoder`` and failed at the first
+    query, with advice about model folders. Whether the device exists is checked when the model loads
+    (:func:`_check_device_here`): a driver without a GPU may configure encoders for workers that have one."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise InvalidArgumentError(f"device must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps', "
+                                   f"got {device!r}")
+    return device
+
+
+def _check_device_here(device: str) -> None:
+    """A named ``ModelLoadError`` when ``device`` is not on this machine (CUDA and MPS are checked)."""
+    kind, _, index = device.partition(":")
+    if kind not in ("cuda", "mps"):
+        return
+    import torch
+
+    if kind == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if int(index or 0) >= count:
+            raise ModelLoadError(f"device {device!r} is not available: this machine has {count} CUDA device(s); "
+                                 "use device 'cpu'")
+    elif not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {device!r} is not available on this machine; use device 'cpu'")
 
 
 def prefix_budget(max_tokens: int) -> int:
@@ -207,7 +240,7 @@ class RawEncoder:
             raise InvalidArgumentError(f"max_seq_length must be a positive integer or None, got {max_seq_length!r}")
         self.model_name = str(model) if model is not None else str(default_model_path())
         self.batch_size = int(batch_size)
-        self.device = device
+        self.device = check_device(device)
         self.max_seq_length = int(max_seq_length) if max_seq_length is not None else None
         self.show_progress = show_progress
         self.backend = check_backend(backend, device)
@@ -253,6 +286,7 @@ class RawEncoder:
     def _load(self) -> Any:
         from sentence_transformers import SentenceTransformer
 
+        _check_device_here(self.device)
         try:
             with _quiet_weight_loading():
                 stock = SentenceTransformer(self.model_name, device=self.device, local_files_only=True)

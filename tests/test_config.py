@@ -60,6 +60,7 @@ def test_every_key_in_the_example_is_commented():
     ({"fit": {"modes": ["additive", "x"]}}, r"'fit\.modes\.1'.*'additive', 'multiplicative' or 'tiebreak'"),
     ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, chunking, encoder, fit, haystack"),
     ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
+    ({"encoder": {"device": "gpu"}}, r"'encoder\.device'.*torch device such as 'cpu', 'cuda'.*got 'gpu'"),
     ({"scoring": {"a": 1e39}}, r"'scoring\.a'.*less than or equal to 1000"),
     ({"scoring": {"b": -2000}}, r"'scoring\.b'.*greater than or equal to -1000"),
     ({"scoring": {"mode": "tiebreak", "epsilon": 1e6}}, r"'scoring\.epsilon'.*less than or equal to 1000"),

@@ -215,3 +215,21 @@ def test_a_max_seq_length_beyond_the_models_positions_is_named_at_load():
         RawEncoder(max_seq_length=5000, show_progress=False).encode(["x"])
     enc = RawEncoder(max_seq_length=512, show_progress=False)
     assert enc.max_tokens == 512 and enc.token_counts(["word " * 600])[0] == 512
+
+
+def test_a_device_typo_is_named_at_construction_and_a_missing_device_when_the_model_loads():
+    """``device="gpu"`` built an encoder that failed at the first query with advice about model folders;
+    "cuda" on a machine without one failed the same way."""
+    import torch
+
+    from normrank import ModelLoadError, RawEncoder
+    from normrank.errors import InvalidArgumentError
+
+    for bad in ("gpu", "CUDA", "cuda:x", "", 0):
+        with pytest.raises(InvalidArgumentError, match="device must be a torch device"):
+            RawEncoder(device=bad)
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    enc = RawEncoder(device="cuda:0")  # may be meant for a worker that has one: checked when the model loads
+    with pytest.raises(ModelLoadError, match=r"device 'cuda:0' is not available: this machine has 0 CUDA device"):
+        enc.encode(["a query"])
