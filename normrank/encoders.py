@@ -381,8 +381,8 @@ class RawEncoder:
             logger.warning(
                 "%d of %d texts are longer than the model's window of %d tokens and were truncated: only "
                 "their beginning is embedded. Split long documents into chunks (normrank.chunking.chunk_texts, "
-                "or `normrank index`, which chunks by default). Logged once per encoder; "
-                "encoder.truncated_texts keeps the count.", n, truncated.size, self.max_tokens)
+                "or `normrank index`, which chunks by default). Logged once per encoder, with the counts of this "
+                "call; encoder.truncated_texts keeps the running total.", n, truncated.size, self.max_tokens)
 
     def _encode_prepared(self, heads: list[str], show: bool) -> np.ndarray:
         """Raw vectors of texts already cut by :meth:`_prepare`, one lock hold per slice."""
