@@ -878,8 +878,8 @@ def markdown(res: dict[str, Any]) -> str:
               "metadata, the same texts and metadata from a JSON docstore. Each load runs in a fresh Python "
               "process (both import normrank, so library memory cancels), interleaved, "
               f"{loads[0].get('reps', '')} repetitions after a page-cache warm-up, medians. `NormIndex.load` "
-              "verifies every file's SHA-256 (`index.faiss` and `texts.utf8` in threads while they are "
-              "parsed). With texts, the load ratio against `read_index` alone counts decoding the texts, "
+              "verifies every file's SHA-256 (`index.faiss` and `texts.utf8` while they are parsed, 2 MiB "
+              "piece by piece, each piece on whichever of the load's threads is free). With texts, the load ratio against `read_index` alone counts decoding the texts, "
               "which a FAISS user loads from their own docstore: the last column compares like with like.", "",
               "| docs | texts + metadata | RSS: FAISS IDMap2 (+ docstore) MB | RSS: NormIndex MB | RSS ratio "
               "(target <= 1.2) | load s: read_index / + docstore / NormIndex.load | load ratio vs read_index "

@@ -71,6 +71,9 @@ def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None =
     return np.ascontiguousarray(arr)
 
 
+#: Floats of this magnitude or more are whole numbers, which jsonb prints (and Python reads back) as ints.
+JSONB_FLOAT_LIMIT = float(2**53)
+
 #: The largest float32: a vector norm above it cannot be stored or divided by.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -128,13 +131,18 @@ def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:
 
 
 def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = True,
-                   max_depth: int = MAX_METADATA_DEPTH, max_bytes: int = MAX_METADATA_BYTES) -> dict[str, Any]:
+                   max_depth: int = MAX_METADATA_DEPTH, max_bytes: int = MAX_METADATA_BYTES,
+                   jsonb: bool = False) -> dict[str, Any]:
     """Validate one metadata dict and return a deep copy of it through JSON.
 
     Accepted: dicts with string keys (int, float, bool and None keys become strings, as JSON
     does) and values that are str, int, finite float, bool, None, list, tuple or dict, nested at
     most ``max_depth`` deep and at most ``max_bytes`` as UTF-8 JSON. Strings (keys and values)
     pass :func:`check_text`. The walk is iterative, so hostile nesting cannot overflow the stack.
+
+    ``jsonb`` (pgvector): also refuse the floats PostgreSQL's jsonb gives back as something else. It keeps
+    numbers as decimals, so a float of magnitude 2**53 or more came back as an int (1e16 as
+    10000000000000000) and -0.0 as 0.0, where the FAISS store gives back the float that was stored.
 
     Raises :class:`~normrank.errors.InvalidMetadataError` (an ``InvalidArgumentError``) naming the path.
     """
@@ -153,6 +161,11 @@ def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = T
             if not math.isfinite(value):
                 raise InvalidMetadataError(f"{path} is {value}; metadata numbers must be finite (JSON has no NaN "
                                            "or infinity)")
+            if jsonb and (abs(value) >= JSONB_FLOAT_LIMIT or (value == 0.0 and math.copysign(1.0, value) < 0)):
+                raise InvalidMetadataError(
+                    f"{path} is {value!r}, which PostgreSQL's jsonb would give back as "
+                    f"{int(value) if value else 0.0!r} (it keeps numbers as decimals): store it as an int or a "
+                    "string, or as a float below 2**53 in magnitude")
             budget -= 8
         elif isinstance(value, (Mapping, list, tuple)):
             if depth > max_depth:

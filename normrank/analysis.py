@@ -159,6 +159,12 @@ def _warnings(a: Analysis, norms: np.ndarray, g: np.ndarray) -> list[str]:
                    "after calibration little but noise is left for the norm term")
     if np.ptp(g) < 1e-6:
         out.append("the calibrated norm feature is constant: the norm term cannot reorder anything")
+    elif abs(a.spearman_feature_length) > 0.3 and a.n_docs < MIN_DOCS:
+        # too few documents for the length bins: recalibrating gives the same fit (it was advised, and
+        # `normrank recalibrate` then printed the same Spearman and the advice came back)
+        out.append(f"the calibrated feature still tracks length (Spearman {a.spearman_feature_length:+.3f}): "
+                   f"with only {a.n_docs} documents the calibration has too few length bins to remove it; "
+                   "add documents (recalibrating the same ones gives the same fit)")
     elif abs(a.spearman_feature_length) > 0.3:
         out.append(f"the calibrated feature still tracks length (Spearman {a.spearman_feature_length:+.3f}): "
                    "the calibration did not remove length; refit it on all documents: `normrank recalibrate DIR` "

@@ -328,8 +328,30 @@ class _StrictLoader(yaml.SafeLoader):
 _VAR = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 
 
-def _expand(value: Any, where: str, loc: str = "") -> Any:
+def _validate(data: Mapping[str, Any], from_env: set[str], where: str) -> NormRankConfig:
+    """The config, with every value of the type its key takes, as the Python API checks it: YAML's
+    ``hnsw_m: '32'``, ``a: '0.02'`` and ``k: 4.0`` were converted in silence where ``NormIndex(hnsw_m="32")``
+    and ``Weights(a="0.02")`` refuse them. A value that came from an environment variable is text by
+    nature, and is converted (``a: ${NR_A}``) when the strict check fails only there; so is a whole float
+    where an integer goes (YAML reads ``2.0e+9`` as a float), whose range is then named."""
+    try:
+        return NormRankConfig.model_validate(data, strict=True)
+    except ValidationError as exc:
+        lenient = set(from_env)  # and whole floats for integers (2.0e+9, 4.0): range-checked as the number
+        lenient.update(".".join(str(x) for x in e["loc"]) for e in exc.errors()
+                       if e["type"] == "int_type" and isinstance(e.get("input"), float) and e["input"].is_integer())
+        if any(".".join(str(x) for x in e["loc"]) not in lenient for e in exc.errors()):
+            # named without the values the lax check would convert
+            raise ConfigError(_format(exc, where, lenient)) from None
+    try:
+        return NormRankConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, where)) from None
+
+
+def _expand(value: Any, where: str, loc: str = "", expanded: set[str] | None = None) -> Any:
     """``${NAME}`` -> the environment variable in every string value; ``$${`` is a literal ``${``.
+    The keys (dotted) of values that took a variable are added to ``expanded``.
 
     Raises
     ------
@@ -337,11 +359,13 @@ def _expand(value: Any, where: str, loc: str = "") -> Any:
         A named variable is not set (the message names it and the key).
     """
     if isinstance(value, dict):
-        return {k: _expand(v, where, f"{loc}.{k}" if loc else str(k)) for k, v in value.items()}
+        return {k: _expand(v, where, f"{loc}.{k}" if loc else str(k), expanded) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v, where, f"{loc}.{i}") for i, v in enumerate(value)]
+        return [_expand(v, where, f"{loc}.{i}", expanded) for i, v in enumerate(value)]
     if not isinstance(value, str) or "$" not in value:
         return value
+    if expanded is not None and _VAR.search(value) and any(m.group(0) != "$${" for m in _VAR.finditer(value)):
+        expanded.add(loc)
 
     def sub(m: re.Match[str]) -> str:
         if m.group(0) == "$${":
@@ -399,10 +423,12 @@ def _resolve_paths(config: NormRankConfig, base: Path) -> None:
             config.encoder.model = str(p)
 
 
-def _format(exc: ValidationError, source: str) -> str:
+def _format(exc: ValidationError, source: str, skip: set[str] = frozenset()) -> str:  # type: ignore[assignment]
     lines = []
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if path in skip:  # a value from an environment variable, which the lax check converts
+            continue
         if err["type"] == "extra_forbidden":
             lines.append(f"unknown key '{path}'; allowed keys here: {', '.join(_allowed_keys(err['loc']))}")
         else:
@@ -424,6 +450,7 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
         return source
     where = "(dict)"
     base: Path | None = None
+    from_env: set[str] = set()
     if isinstance(source, Mapping):
         data: Any = dict(source)
     else:
@@ -436,14 +463,12 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
         data = _read_yaml(path)
         data = {} if data is None else data
         if isinstance(data, Mapping):
-            data = _expand(dict(data), where)
+            data = _expand(dict(data), where, expanded=from_env)
         base = path.resolve().parent
     if not isinstance(data, Mapping):
         raise ConfigError(f"invalid normrank configuration {where}: the top level must be a mapping of sections")
     try:
-        config = NormRankConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc, where)) from None
+        config = _validate(data, from_env, where)
     except RecursionError:
         raise ConfigError(f"invalid normrank configuration {where}: nested too deeply") from None
     if base is not None:

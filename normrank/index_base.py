@@ -249,6 +249,8 @@ class BlendIndexBase:
     _dim: int | None
     #: Whether texts, ids and metadata may hold NUL characters (PostgreSQL cannot store them).
     _allow_nul: bool = True
+    #: Metadata floats must come back from the backend as stored (pgvector's jsonb: see check_metadata).
+    _jsonb: bool = False
     _weights: Weights
     calibrator: NormCalibrator
     query_calibrator: NormCalibrator | None
@@ -321,7 +323,8 @@ class BlendIndexBase:
                 if type(t) is not str:  # np.str_: stored as str, as a save and load return it
                     text_list[i] = t = str.__str__(t)
                 check_text(t, f"text {i}", allow_nul=self._allow_nul)
-        return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul)
+        return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul,
+                                                             jsonb=self._jsonb)
 
     def add_texts(
         self,
@@ -338,7 +341,7 @@ class BlendIndexBase:
         for i, t in enumerate(items):  # before the (slow) encoding, which would choke on them anyway
             check_text(t, f"text {i}", allow_nul=self._allow_nul)
         if metadatas is not None:
-            _as_metadatas(metadatas, len(items), allow_nul=self._allow_nul)
+            _as_metadatas(metadatas, len(items), allow_nul=self._allow_nul, jsonb=self._jsonb)
         new_ids = self._precheck_ids(ids, len(items))  # fail before the (slow) encoding
         vectors, counts = self.encoder.encode_with_counts(items, show_progress=show_progress)
         return self.add_vectors(vectors, counts, ids=new_ids, texts=items, metadatas=metadatas)
@@ -544,7 +547,7 @@ def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
 
 
 def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,
-                  allow_nul: bool = True) -> list[dict[str, Any]]:
+                  allow_nul: bool = True, jsonb: bool = False) -> list[dict[str, Any]]:
     """Deep copies through JSON: the store never shares a dict with the caller, and holds exactly
     what a save writes (so keys become strings and tuples lists now, not after a reload). Bounded
     in depth and size, finite, UTF-8 clean (:func:`normrank._validation.check_metadata`)."""
@@ -555,4 +558,4 @@ def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,
     metas = list(metadatas)
     if len(metas) != n:
         raise InvalidArgumentError(f"{len(metas)} metadata dicts for {n} vectors")
-    return [check_metadata(m, f"metadata {i}", allow_nul=allow_nul) for i, m in enumerate(metas)]
+    return [check_metadata(m, f"metadata {i}", allow_nul=allow_nul, jsonb=jsonb) for i, m in enumerate(metas)]

@@ -200,7 +200,7 @@ def foreign_entries(root: Path) -> list[str]:
     foreign = []
     for p in sorted(root.iterdir()):
         name = p.name
-        if name == LOCK and p.is_file() and not p.is_symlink():
+        if name in (LOCK, MARKER) and p.is_file() and not p.is_symlink():  # the marker: written while we list
             continue
         if name == CURRENT and p.is_symlink() and _VERSION_NAME.fullmatch(os.readlink(p)):
             continue

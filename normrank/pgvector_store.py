@@ -120,6 +120,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     """
 
     _allow_nul = False  # PostgreSQL text and jsonb cannot hold NUL
+    _jsonb = True  # nor give back every float as stored (check_metadata)
 
     def __init__(
         self,

@@ -257,3 +257,21 @@ def test_search_through_a_config_opens_a_saved_index_as_build_index_does(tmp_pat
     config.write_text(yaml.safe_dump({"store": {"path": str(tmp_path / "nothing-here")}}), encoding="utf-8")
     assert main(["search", str(config), QUERIES[0]]) == 1
     assert "no saved index" in _one_error_line(capsys, "search")
+
+
+def test_analyze_does_not_advise_a_recalibration_that_cannot_help_a_small_index(tmp_path, capsys):
+    """On a 54-passage index analyze advised `normrank recalibrate`, which printed the same Spearman, and the
+    advice came back: with too few documents the calibration has too few length bins. It says so now."""
+    r = np.random.default_rng(3)
+    counts = r.integers(5, 300, size=54)
+    v = r.normal(size=(54, 16)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    v *= (1.0 + counts / 100.0 + r.uniform(0, 0.05, size=54))[:, None].astype(np.float32)  # norm ~ length
+    index = NormIndex(dim=16)
+    index.add_vectors(v.astype(np.float32), counts, ids=[f"d{i}" for i in range(54)])
+    index.save(tmp_path / "idx")
+    assert main(["analyze", str(tmp_path / "idx")]) == 0
+    err = capsys.readouterr().err
+    assert "still tracks length" in err  # the small calibration left length in: the advice must fit that
+    assert "`normrank recalibrate DIR`" not in err and "too few length bins" in err
+    assert "only 54 documents" in err

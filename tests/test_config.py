@@ -61,6 +61,11 @@ def test_every_key_in_the_example_is_commented():
     ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, chunking, encoder, fit, haystack"),
     ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
     ({"encoder": {"device": "gpu"}}, r"'encoder\.device'.*torch device such as 'cpu', 'cuda'.*got 'gpu'"),
+    # wrong types are refused as the Python API refuses them, not converted (they were, in silence)
+    ({"store": {"hnsw_m": "32"}}, r"'store\.hnsw_m': Input should be a valid integer \(got '32'\)"),
+    ({"scoring": {"a": "0.02"}}, r"'scoring\.a': Input should be a valid number \(got '0.02'\)"),
+    ({"langchain": {"k": 4.5}}, r"'langchain\.k': Input should be a valid integer \(got 4.5\)"),
+    ({"chunking": {"enabled": "yes"}}, r"'chunking\.enabled': Input should be a valid boolean"),
     ({"scoring": {"a": 1e39}}, r"'scoring\.a'.*less than or equal to 1000"),
     ({"scoring": {"b": -2000}}, r"'scoring\.b'.*greater than or equal to -1000"),
     ({"scoring": {"mode": "tiebreak", "epsilon": 1e6}}, r"'scoring\.epsilon'.*less than or equal to 1000"),
@@ -208,3 +213,30 @@ def test_scoring_keys_the_file_names_override_a_saved_blend_and_the_rest_keep_it
         assert build_index(tmp_path / "c.yaml").weights == want, scoring
         if backend == "pgvector":  # the table is shared: put the saved blend back for the next case
             index.set_weights(saved)
+
+
+def test_values_from_environment_variables_are_converted_and_checked(tmp_path, monkeypatch):
+    """A ${VAR} value is text by nature: it is converted to the key's type (and checked), while the same
+    text written in the file is refused; an error elsewhere is named without the variable's value."""
+    monkeypatch.setenv("NR_A", "0.05")
+    monkeypatch.setenv("NR_K", "7")
+    monkeypatch.setenv("NR_BAD", "many")
+    f = tmp_path / "env.yaml"
+    f.write_text("scoring:\n  a: ${NR_A}\nlangchain:\n  k: ${NR_K}\n", encoding="utf-8")
+    config = load_config(f)
+    assert (config.scoring.a, config.langchain.k) == (0.05, 7)
+    f.write_text("langchain:\n  k: ${NR_BAD}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"'langchain\.k': Input should be a valid integer.*\(got 'many'\)"):
+        load_config(f)
+    f.write_text("scoring:\n  a: ${NR_A}\nstore:\n  hnsw_m: '32'\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"'store\.hnsw_m'") as info:
+        load_config(f)
+    assert "scoring.a" not in str(info.value)
+
+
+def test_a_whole_float_where_an_integer_goes_is_read_as_that_number():
+    """YAML reads 2.0e+9 as a float: a whole float is taken as the integer it is and range-checked (the
+    range is what is wrong with it), a fractional one is a type error."""
+    assert load_config({"langchain": {"k": 4.0}}).langchain.k == 4
+    with pytest.raises(ConfigError, match=r"'store\.ef_search': Value error, ef_search must be in \[1, 65536\]"):
+        load_config({"store": {"ef_search": 2.0e9}})

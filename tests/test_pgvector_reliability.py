@@ -88,6 +88,9 @@ def test_bad_text_nul_nan_and_deep_metadata_refused_table_unchanged(pg_dsn, tabl
         (InvalidMetadataError, dict(ids=["n"], metadatas=[{"score": float("nan")}])),
         (InvalidMetadataError, dict(ids=["n"], metadatas=[{"score": float("inf")}])),
         (InvalidMetadataError, dict(ids=["n"], metadatas=[deep])),
+        # jsonb keeps numbers as decimals: these came back as the int 10000000000000000 and as 0.0
+        (InvalidMetadataError, dict(ids=["n"], metadatas=[{"mass": 1e16}])),
+        (InvalidMetadataError, dict(ids=["n"], metadatas=[{"k": [1.0, -0.0]}])),
     ]
     for error, kwargs in cases:
         with pytest.raises(error) as info:
@@ -464,3 +467,22 @@ def test_table_dropped_by_another_handle_reads_as_empty(pg_dsn, table):
     assert len(a) == 10 and a.search(vecs[45], 1)[0].id == "h5"
     a.close()
     b.close()
+
+
+def test_metadata_numbers_come_back_as_stored(pg_dsn, table):
+    """What the door lets into jsonb comes back with its type and value: floats below 2**53 (whole ones
+    too), big ints, and the same from another handle; the FAISS store keeps the refused floats as it is."""
+    vecs, counts = synthetic(3, 16, seed=5)
+    metas = [{"f": 9007199254740991.0, "whole": 5.0, "tiny": 1e-300, "big_int": 2**70, "neg": -1.5e15},
+             {"f": 0.0, "list": [1.0, 2, -3.25]}, {}]
+    pg = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
+    pg.add_vectors(vecs, counts, ids=["a", "b", "c"], metadatas=metas)
+    for handle in (pg, PgVectorNormIndex(pg_dsn, table)):
+        got = [r.metadata for r in handle.get(["a", "b", "c"])]
+        assert got == metas and {k: type(v) for k, v in got[0].items()} == {
+            "f": float, "whole": float, "tiny": float, "big_int": int, "neg": float}
+        assert type(got[1]["f"]) is float and [type(x) for x in got[1]["list"]] == [float, int, float]
+    faiss_index = NormIndex(dim=16)
+    faiss_index.add_vectors(vecs[:1], counts[:1], ids=["x"], metadatas=[{"mass": 1e16, "z": -0.0}])
+    kept = faiss_index.get(["x"])[0].metadata
+    assert kept == {"mass": 1e16, "z": -0.0} and type(kept["mass"]) is float

@@ -288,7 +288,7 @@ class NormRankVectorStore(VectorStore):
         for i, t in enumerate(items):
             check_text(t, f"text {i}", allow_nul=allow_nul)
         for i, m in enumerate(metas):
-            check_metadata(m, f"metadata {i}", allow_nul=allow_nul)
+            check_metadata(m, f"metadata {i}", allow_nul=allow_nul, jsonb=bool(getattr(self.index, "_jsonb", False)))
         check_explanation_key(metas, self.explanation_key)
         given = [None] * n if ids is None else list(ids)
         if len(given) != n:
