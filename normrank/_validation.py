@@ -33,14 +33,25 @@ RAW_VECTORS_HINT = (
 )
 
 
+def real_numbers(given: np.ndarray) -> np.ndarray:
+    """``given`` if it holds real numbers: float or int arrays, or object arrays (pandas ``.values`` of mixed
+    columns) whose every element is an int or a float. Complex numbers, booleans, strings and other objects
+    are an :class:`InvalidVectorError`: they were converted in silence (a complex vector lost its
+    imaginary part)."""
+    if given.dtype.kind == "O" and all(isinstance(x, (int, float, np.integer, np.floating))
+                                       and not isinstance(x, (bool, np.bool_)) for x in given.flat):
+        return given.astype(np.float64)
+    if given.dtype.kind not in "fiu":
+        raise InvalidVectorError(f"vectors must hold real numbers (float or int), got {given.dtype} values")
+    return given
+
+
 def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None = None) -> np.ndarray:
     """Return a C-contiguous float32 (n, dim) copy, refusing anything that would corrupt an index.
 
     Numbers only (float or int arrays or lists): complex vectors lost their imaginary part, and vectors of
     strings or booleans were converted, in silence."""
-    given = vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors)
-    if given.dtype.kind not in "fiu":
-        raise InvalidVectorError(f"vectors must hold real numbers (float or int), got {given.dtype} values")
+    given = real_numbers(vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors))
     arr = np.array(given, dtype=np.float32, copy=True)
     if arr.ndim == 1:
         arr = arr[None, :]

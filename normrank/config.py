@@ -299,7 +299,9 @@ def _allows_bool(annotation: Any) -> bool:
 
 class _StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` without anchors and aliases: a settings file never needs them, and an
-    alias bomb (a few hundred bytes expanding to billions of nodes) would hang the loader."""
+    alias bomb (a few hundred bytes expanding to billions of nodes) would hang the loader. Numbers with an
+    exponent and no dot (``1e-2``) are floats, as in YAML 1.2 (YAML 1.1 reads them as text, which the
+    strict check would refuse)."""
 
     def compose_node(self, parent: Any, index: Any) -> Any:  # type: ignore[override]
         event = self.peek_event()
@@ -326,6 +328,14 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 _VAR = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+
+
+def _validate_lax(data: Mapping[str, Any], where: str) -> NormRankConfig:
+    """A config given as a dict from Python: NumPy numbers and tuples are taken, as the Python API takes them."""
+    try:
+        return NormRankConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format(exc, where)) from None
 
 
 def _validate(data: Mapping[str, Any], from_env: set[str], where: str) -> NormRankConfig:
@@ -380,6 +390,11 @@ def _expand(value: Any, where: str, loc: str = "", expanded: set[str] | None = N
         return os.environ[name]
 
     return _VAR.sub(sub, value)
+
+
+_StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                    list("-+0123456789"))
 
 
 def _read_yaml(path: Path) -> Any:
@@ -468,7 +483,8 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any] | NormRankCon
     if not isinstance(data, Mapping):
         raise ConfigError(f"invalid normrank configuration {where}: the top level must be a mapping of sections")
     try:
-        config = _validate(data, from_env, where)
+        # a file strictly (its text gave '32' for an int); a dict from Python as the Python API takes values
+        config = _validate(data, from_env, where) if base is not None else _validate_lax(data, where)
     except RecursionError:
         raise ConfigError(f"invalid normrank configuration {where}: nested too deeply") from None
     if base is not None:

@@ -97,15 +97,20 @@ def check_texts(texts: Sequence[str]) -> list[str]:
 
 
 #: Torch device strings an encoder takes: a kind, and an optional index.
-_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|mtia)(:[0-9]+)?")
+#: The device types torch names (``torch.device`` takes these, with an optional ``:index``).
+_DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|mtia|xla|ipu|hip|ve|fpga|maia|lazy|vulkan|metal|mkldnn|opengl|"
+                     r"opencl|ideep|meta|privateuseone)(:(0|[1-9][0-9]*))?")
 
 
 def check_device(device: Any) -> str:
-    """``device`` if it is a torch device string ('cpu', 'cuda', 'cuda:1', 'mps', ...), else a named error.
+    """``device`` as a string if it names a torch device ('cpu', 'cuda', 'cuda:1', 'mps', a
+    ``torch.device``, ...), else a named error.
 
     Why at construction: a typo such as ``gpu`` passed YAML and ``RawEncoder`` and failed at the first
     query, with advice about model folders. Whether the device exists is checked when the model loads
     (:func:`_check_device_here`): a driver without a GPU may configure encoders for workers that have one."""
+    if type(device).__name__ == "device" and type(device).__module__ == "torch":
+        device = str(device)
     if not isinstance(device, str) or not _DEVICE.fullmatch(device):
         raise InvalidArgumentError(f"device must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps', "
                                    f"got {device!r}")

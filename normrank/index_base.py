@@ -26,6 +26,7 @@ from normrank._validation import (
     check_norm_signal,
     check_option,
     check_text,
+    real_numbers,
 )
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
@@ -36,7 +37,6 @@ from normrank.errors import (
     EmptyCorpusError,
     InvalidArgumentError,
     InvalidIdError,
-    InvalidVectorError,
     MissingTokenCountError,
     UnitNormError,
 )
@@ -416,9 +416,7 @@ class BlendIndexBase:
                 counts.append(int(enc_counts[t]))
                 t += 1
             else:
-                given = q if isinstance(q, np.ndarray) else np.asarray(q)
-                if given.dtype.kind not in "fiu":  # as as_matrix says for stored vectors
-                    raise InvalidVectorError(f"vectors must hold real numbers (float or int), got {given.dtype} values")
+                given = real_numbers(q if isinstance(q, np.ndarray) else np.asarray(q))  # as for stored vectors
                 if given.ndim > 1 and given.size != given.shape[-1]:  # (1, d) is one query; (2, d) is not
                     raise DimensionMismatchError(f"a query vector is 1-D, got an array of shape {given.shape}; "
                                                  "search several queries with search_batch")

@@ -372,9 +372,9 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
     current = root / CURRENT
     if _copied_without_links(root):
         folder = current  # a copy that turned the link into the version folder itself (cp -r, copytree)
-    elif not os.path.lexists(current) and not foreign_entries(root):
-        # empty, or only what a save writes before it publishes (.lock, the marker, an unpublished version):
-        # nothing is saved yet, as when the folder does not exist; a first save may be running
+    elif not os.path.lexists(current) and _nothing_saved_yet(root):
+        # empty, or only what a save writes before it publishes (.lock, the marker, a version without its
+        # manifest): nothing is saved yet, as when the folder does not exist; a first save may be running
         raise FileNotFoundError(f"no saved index at {root} yet: nothing has been published there "
                                 "(a first save into it may still be running)")
     elif not current.is_symlink():
@@ -421,6 +421,24 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
         if name not in deferred and sha256_file(path) != digest:
             raise _mismatch(name, root)
     return folder, manifest
+
+
+def _nothing_saved_yet(root: Path) -> bool:
+    """Whether ``root`` holds only what a first save writes before its manifest: ``.lock``, the marker,
+    ``.current-*`` links and version folders without a manifest. A complete version (a copy that lost its
+    ``current`` link, ``rsync -r``) or anything else is not "nothing": that folder is named, not treated as
+    missing, or load-or-create code would save over it."""
+    for p in root.iterdir():
+        name = p.name
+        if name in (LOCK, MARKER) and p.is_file() and not p.is_symlink():
+            continue
+        if _LINK_NAME.fullmatch(name) and p.is_symlink():
+            continue
+        if (_VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink()
+                and not os.path.lexists(p / MANIFEST)):
+            continue
+        return False
+    return True
 
 
 def usable_pieces(manifest: dict[str, Any], name: str, path: Path) -> dict[str, Any] | None:

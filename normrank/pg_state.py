@@ -107,7 +107,7 @@ class TableState:
                                                   for k in ("hnsw_m", "ef_construction", "ef_search"))
             if not isinstance(state["weights"], Mapping):
                 raise InvalidArgumentError("weights is not a JSON object")
-            weights = Weights(**state["weights"])
+            weights = Weights.from_saved(state["weights"], "the table")
             calibrator = NormCalibrator.from_dict(state["calibrator"])
             qcal = state.get("query_calibrator")
             query_calibrator = NormCalibrator.from_dict(qcal) if qcal else None

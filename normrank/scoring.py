@@ -18,6 +18,7 @@ Modes:
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 from collections.abc import Sequence
@@ -37,6 +38,8 @@ logger = logging.getLogger(__name__)
 #: off by 0.05, and beyond float32's range (~3.4e38) the query column became infinite and the ranking
 #: was the order documents were added in.
 MAX_WEIGHT = 1000.0
+#: Set while :meth:`Weights.from_saved` builds the weights of a saved index (no bound there).
+_SAVED: contextvars.ContextVar[bool] = contextvars.ContextVar("normrank_saved_weights", default=False)
 
 Mode = Literal["additive", "multiplicative", "tiebreak"]
 MODES: tuple[str, ...] = ("additive", "multiplicative", "tiebreak")
@@ -77,7 +80,7 @@ class Weights:
             object.__setattr__(self, name, number)
             if not math.isfinite(number):
                 raise InvalidArgumentError(f"weight {name} must be finite, got {number}")
-            if name != "clip" and abs(number) > MAX_WEIGHT:
+            if name != "clip" and abs(number) > MAX_WEIGHT and not _SAVED.get():
                 raise InvalidArgumentError(
                     f"weight {name} must be within +-{MAX_WEIGHT:g}, got {number:g}: scores are float32, and a "
                     "larger weight leaves the cosine below their precision (ranking by the norm alone) or "
@@ -110,6 +113,22 @@ class Weights:
 
     def replace(self, **changes: Any) -> Weights:
         return replace(self, **changes)
+
+    @classmethod
+    def from_saved(cls, values: dict[str, Any], where: str = "a saved index") -> Weights:
+        """The weights a saved index or table holds. One saved before the ±:data:`MAX_WEIGHT` bound may hold
+        a larger weight: it opens with a warning (refusing it made the index impossible to open and
+        correct) and keeps answering as before; ``set_weights`` takes only values within the bound."""
+        token = _SAVED.set(True)
+        try:
+            w = cls(**values)
+        finally:
+            _SAVED.reset(token)
+        big = {k: getattr(w, k) for k in ("a", "b", "epsilon") if abs(getattr(w, k)) > MAX_WEIGHT}
+        if big:
+            logger.warning("%s holds the blend weight(s) %s, beyond +-%g: its scores lose the cosine below float32's "
+                           "precision; set_weights to values within the bound", where, big, MAX_WEIGHT)
+        return w
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -131,6 +131,10 @@ def test_vectors_that_are_not_real_numbers(store, two, kind):
             "vectors must hold real numbers")
     refused(store, lambda: store.search(bad[0], 3, query_token_count=5), InvalidVectorError,
             "vectors must hold real numbers")
+    # an object array of plain numbers (pandas .values of mixed columns) is numbers, and is taken
+    fresh = NormIndex(dim=384, weights=Weights(a=0.02))
+    fresh.add_vectors(vecs.astype(object), counts, ids=["o0", "o1"])
+    assert [h.id for h in fresh.search(vecs[0].astype(object), 1, query_token_count=5)] == ["o0"]
 
 
 def test_numpy_strings_are_stored_as_str_and_a_matrix_is_not_one_query(store, two, tmp_path):

@@ -61,11 +61,6 @@ def test_every_key_in_the_example_is_commented():
     ({"lanchain": {"k": 3}}, r"unknown key 'lanchain'; allowed keys here: calibration, chunking, encoder, fit, haystack"),
     ({"scoring": "additive"}, r"'scoring'.*valid dictionary"),
     ({"encoder": {"device": "gpu"}}, r"'encoder\.device'.*torch device such as 'cpu', 'cuda'.*got 'gpu'"),
-    # wrong types are refused as the Python API refuses them, not converted (they were, in silence)
-    ({"store": {"hnsw_m": "32"}}, r"'store\.hnsw_m': Input should be a valid integer \(got '32'\)"),
-    ({"scoring": {"a": "0.02"}}, r"'scoring\.a': Input should be a valid number \(got '0.02'\)"),
-    ({"langchain": {"k": 4.5}}, r"'langchain\.k': Input should be a valid integer \(got 4.5\)"),
-    ({"chunking": {"enabled": "yes"}}, r"'chunking\.enabled': Input should be a valid boolean"),
     ({"scoring": {"a": 1e39}}, r"'scoring\.a'.*less than or equal to 1000"),
     ({"scoring": {"b": -2000}}, r"'scoring\.b'.*greater than or equal to -1000"),
     ({"scoring": {"mode": "tiebreak", "epsilon": 1e6}}, r"'scoring\.epsilon'.*less than or equal to 1000"),
@@ -240,3 +235,37 @@ def test_a_whole_float_where_an_integer_goes_is_read_as_that_number():
     assert load_config({"langchain": {"k": 4.0}}).langchain.k == 4
     with pytest.raises(ConfigError, match=r"'store\.ef_search': Value error, ef_search must be in \[1, 65536\]"):
         load_config({"store": {"ef_search": 2.0e9}})
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("store:\n  hnsw_m: '32'\n", r"'store\.hnsw_m': Input should be a valid integer \(got '32'\)"),
+    ("scoring:\n  a: '0.02'\n", r"'scoring\.a': Input should be a valid number \(got '0.02'\)"),
+    ("langchain:\n  k: 4.5\n", r"'langchain\.k': Input should be a valid integer \(got 4.5\)"),
+    ("chunking:\n  enabled: 'yes'\n", r"'chunking\.enabled': Input should be a valid boolean"),
+])
+def test_a_file_value_of_the_wrong_type_is_refused_not_converted(tmp_path, text, expected):
+    """A YAML file's '32' for an integer (or '0.02' for a number) was converted in silence, where the
+    Python API refuses it; a dict from Python keeps taking NumPy numbers and tuples, as the API does."""
+    f = tmp_path / "bad.yaml"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError, match=expected):
+        load_config(f)
+
+
+def test_exponents_without_a_dot_and_python_values_load():
+    """YAML 1.1 reads 1e-2 as text: it is a number here, as in YAML 1.2. A dict from Python takes NumPy
+    scalars and tuples."""
+    import numpy as np
+
+    config = load_config({"store": {"hnsw_m": np.int64(16)}, "fit": {"modes": ("additive", "tiebreak")},
+                          "scoring": {"squash": np.bool_(True)}})
+    assert (config.store.hnsw_m, config.fit.modes, config.scoring.squash) == (16, ["additive", "tiebreak"], True)
+
+
+
+def test_a_yaml_exponent_without_a_dot_is_a_number(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("scoring:\n  a: 1e-2\n  epsilon: 5e-3\nfit:\n  alpha: 5e-2\nstore:\n  ef_search: 1e3\n",
+                 encoding="utf-8")
+    config = load_config(f)
+    assert (config.scoring.a, config.scoring.epsilon, config.fit.alpha, config.store.ef_search) == (0.01, 0.005, 0.05, 1000)

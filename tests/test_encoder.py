@@ -225,9 +225,11 @@ def test_a_device_typo_is_named_at_construction_and_a_missing_device_when_the_mo
     from normrank import ModelLoadError, RawEncoder
     from normrank.errors import InvalidArgumentError
 
-    for bad in ("gpu", "CUDA", "cuda:x", "", 0):
+    for bad in ("gpu", "CUDA", "cuda:x", "cuda:01", "", 0):
         with pytest.raises(InvalidArgumentError, match="device must be a torch device"):
             RawEncoder(device=bad)
+    for good in (torch.device("cpu"), "cpu", "xla", "privateuseone:0", "cuda:1"):  # every device torch names
+        assert RawEncoder(device=good).device == str(good)
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     enc = RawEncoder(device="cuda:0")  # may be meant for a worker that has one: checked when the model loads

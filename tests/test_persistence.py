@@ -747,6 +747,18 @@ def test_a_folder_a_first_save_is_still_writing_has_no_saved_index_yet(tmp_path,
         NormIndex.load(root)
 
 
+def test_a_complete_version_without_its_current_link_is_named_not_missing(tmp_path):
+    """A copy that lost its ``current`` link (``rsync -r``) holds the marker and a complete version: it is
+    named, not read as "nothing saved yet" (load-or-create code would have saved over it)."""
+    folder = make_index(n=30).save(tmp_path / "src")
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    shutil.copy(tmp_path / "src" / ".normrank", dst / ".normrank")
+    shutil.copytree(folder, dst / folder.name)
+    with pytest.raises(IndexFormatError, match="not a saved normrank index"):
+        NormIndex.load(dst)
+
+
 def test_loads_racing_first_saves_see_nothing_or_the_index(tmp_path):
     """A reader polling folders that another process saves into for the first time gets
     FileNotFoundError until the save is published, then the index: never IndexFormatError."""

@@ -642,6 +642,22 @@ def test_weights_beyond_what_float32_scores_hold_are_refused(name):
     assert getattr(Weights(**{name: 0.0}), name) == 0.0
 
 
+def test_an_index_saved_with_a_weight_beyond_the_bound_still_opens(tmp_path, caplog):
+    """Indexes and tables saved before the bound may hold a = 1500: they open, with a warning, and keep
+    answering (refusing them made them impossible to open and correct); new values stay bounded."""
+    index, vecs, _ = make(n=60)
+    index.set_weights(Weights.from_saved({"a": 1500.0}))
+    want = index.search(vecs[2], 5, query_token_count=12)
+    index.save(tmp_path / "big")
+    with caplog.at_level("WARNING", logger="normrank.scoring"):
+        loaded = NormIndex.load(tmp_path / "big")
+    assert "beyond +-1000" in caplog.text and loaded.weights.a == 1500.0
+    assert loaded.search(vecs[2], 5, query_token_count=12) == want
+    loaded.set_weights(Weights(a=0.02))  # and can be corrected
+    with pytest.raises(InvalidArgumentError, match="within"):
+        loaded.set_weights(Weights(a=1500.0))
+
+
 def test_the_largest_weight_still_ranks_and_reads_cosines_back():
     """At the bound a blend still ranks as the float64 blend does, and each hit's cosine is read back
     within 1e-3."""
