@@ -513,8 +513,8 @@ def _override_weights(index: Any, config: NormRankConfig) -> None:
     (plain cosine, as the example file says) left a saved blend on, and ``scoring: {clip: 2.0}`` alone
     reset a saved (or fitted) blend to plain cosine."""
     given = {key: getattr(config.scoring, key) for key in config.scoring.model_fields_set}
-    if given:
-        index.set_weights(index.weights.replace(**given))
+    if given and (wanted := index.weights.replace(**given)) != index.weights:  # unchanged: no write (a
+        index.set_weights(wanted)  # pgvector table's state row was rewritten by every service start)
 
 
 def build_index(source: Any = None) -> Any:

@@ -153,6 +153,7 @@ class PgWriteMixin:
         for statement in create_tables_sql(self._names, dim):
             cur.execute(statement)
         self._dim, self._exists, self._version = dim, True, 0
+        self._table_oid = None  # a new table: read again (with its oid) on the next sync
 
     def _create_vector_index(self, cur: Any) -> None:
         if self.index_type == "hnsw":

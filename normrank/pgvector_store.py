@@ -85,7 +85,7 @@ T = TypeVar("T")
 
 #: The attributes that mirror the table's state row (restored when a write fails).
 _STATE_ATTRS = ("_dim", "_weights", "index_type", "_hnsw_m", "_ef_construction", "_ef_search", "calibrator",
-                "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists")
+                "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists", "_table_oid")
 
 
 class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
@@ -147,7 +147,10 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
             dim = check_option("dim", dim, high=MAX_DIM)
         self.hnsw_m, self.ef_construction = hnsw_m, ef_construction
         check_hnsw_build(self.hnsw_m, self.ef_construction)
-        self.ef_search = 128 if ef_search is None else ef_search
+        # the table's setting (saved in its state); ``index.ef_search = n`` sets this handle's own, which
+        # the table's later writes do not reset (they did: any write, from any handle, put back the stored one)
+        self._ef_search = check_pg_option("ef_search", 128 if ef_search is None else ef_search)
+        self._own_ef_search: int | None = None
         self._connect_timeout = check_option("connect_timeout", connect_timeout)
         self.dsn = resolve_dsn(dsn)
         self.table = table
@@ -160,6 +163,9 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self.query_calibrator = query_calibrator
         self._count = 0
         self._version = 0
+        # the table's oid when its state was read: a drop and re-create restarts the version, so the version
+        # alone let a handle keep a dropped table's dimension, weights and count over the new table's rows
+        self._table_oid: int | None = None
         self._column_key: tuple[Any, ...] | None = None
         self._exists = False
         self._closed = False
@@ -198,12 +204,13 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
 
     @property
     def ef_search(self) -> int:
-        """HNSW search beam of this handle (``index.ef_search = 40`` applies to its next searches)."""
-        return self._ef_search
+        """HNSW search beam of this handle (``index.ef_search = 40`` applies to its next searches, whatever
+        the table's writes; the constructor's ``ef_search=`` sets the table's, which handles start from)."""
+        return self._ef_search if self._own_ef_search is None else self._own_ef_search
 
     @ef_search.setter
     def ef_search(self, value: int) -> None:
-        self._ef_search = check_pg_option("ef_search", value)
+        self._own_ef_search = check_pg_option("ef_search", value)
 
     # ------------------------------------------------------------ connection and transactions
     def _reconnect(self) -> None:
@@ -308,7 +315,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     # ------------------------------------------------------------ state
     def _state(self) -> TableState:
         return TableState(
-            self._dim or 0, self.index_type, self.hnsw_m, self.ef_construction, self.ef_search, self._weights,
+            self._dim or 0, self.index_type, self.hnsw_m, self.ef_construction, self._ef_search, self._weights,
             self.calibrator, self.query_calibrator, self._auto_calibrated, self._count, self._version,
             self._column_key, self._encoder.describe() if self._encoder is not None else None)
 
@@ -327,6 +334,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def _forget_table(self) -> None:
         """The table is gone (dropped here or by another handle): become an empty index."""
         self._exists, self._count, self._dim, self._version, self._column_key = False, 0, None, 0, None
+        self._table_oid = None
         if self._auto_calibrated:
             self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin)
 
@@ -342,9 +350,11 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                                    f"(no {self._names.state} state table); choose another table name")
             force = True
         try:
+            table = self._names.regclass_args()[0]
             row = cur.execute(self._names.sql(
-                "SELECT CASE WHEN %s AND value ->> 'version' = %s THEN NULL ELSE value END FROM {s} "
-                "WHERE key = 'state'"), (not force, str(self._version))).fetchone()
+                "SELECT CASE WHEN %s AND value ->> 'version' = %s AND to_regclass(%s)::oid = %s::oid THEN NULL "
+                "ELSE value END, to_regclass(%s)::oid FROM {s} WHERE key = 'state'"),
+                (not force, str(self._version), table, self._table_oid, table)).fetchone()
         except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction, psycopg.errors.DataError):
             raise BackendError(f"table {self._names.state} is not a normrank state table, so {self.table} is not "
                                "a normrank table; choose another table name") from None
@@ -353,6 +363,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                                "by normrank, or its creation was interrupted")
         if row[0] is not None:
             self._adopt(TableState.from_json(self.table, row[0]))
+            self._table_oid = None if row[1] is None else int(row[1])
 
     def _adopt(self, state: TableState) -> None:
         self._dim, self.index_type, self._weights = state.dim, state.index_type, state.weights
@@ -390,7 +401,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                    or index_type is not None and index_type != self.index_type
                    or calibrator is not None and calibrator.is_fitted
                    and calibrator.to_dict() != self.calibrator.to_dict()
-                   or query_calibrator is not None or ef_search is not None and ef_search != self.ef_search)
+                   or query_calibrator is not None or ef_search is not None and ef_search != self._ef_search)
         if not changes:
             return
 
@@ -398,7 +409,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
             if query_calibrator is not None:
                 self.query_calibrator = query_calibrator
             if ef_search is not None:
-                self.ef_search = ef_search
+                self._ef_search = check_pg_option("ef_search", ef_search)
             rewrite = False
             if calibrator is not None and calibrator.is_fitted and calibrator.to_dict() != self.calibrator.to_dict():
                 self.calibrator, self._auto_calibrated, rewrite = calibrator, False, True

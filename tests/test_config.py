@@ -206,6 +206,9 @@ def test_scoring_keys_the_file_names_override_a_saved_blend_and_the_rest_keep_it
                           ("scoring:\n  clip: 2.0\n", saved.replace(clip=2.0))):
         (tmp_path / "c.yaml").write_text(store + scoring, encoding="utf-8")
         assert build_index(tmp_path / "c.yaml").weights == want, scoring
+        if backend == "pgvector":  # the same file again changes nothing: no write, the state version stays
+            version = PgVectorNormIndex(dsn, table)._version
+            assert build_index(tmp_path / "c.yaml").weights == want and PgVectorNormIndex(dsn, table)._version == version
         if backend == "pgvector":  # the table is shared: put the saved blend back for the next case
             index.set_weights(saved)
 

@@ -486,3 +486,42 @@ def test_metadata_numbers_come_back_as_stored(pg_dsn, table):
     faiss_index.add_vectors(vecs[:1], counts[:1], ids=["x"], metadatas=[{"mass": 1e16, "z": -0.0}])
     kept = faiss_index.get(["x"])[0].metadata
     assert kept == {"mass": 1e16, "z": -0.0} and type(kept["mass"]) is float
+
+
+def test_a_handle_follows_a_drop_and_re_create_it_did_not_see(pg_dsn, table):
+    """A re-created table restarts its state version, so a handle that had read version 1 of the dropped
+    table kept its dimension, weights and count over the new table's rows: other rankings in silence, or
+    every search failing. The handle now compares the table itself (its oid) too."""
+    rng = np.random.default_rng(1)
+    vecs = (rng.normal(size=(60, 16)) * rng.uniform(0.3, 3, size=(60, 1))).astype(np.float32)
+    counts = rng.integers(5, 100, 60)
+    q = rng.normal(size=16).astype(np.float32)
+    a = PgVectorNormIndex(pg_dsn, table)
+    a.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(60)])
+    b = PgVectorNormIndex(pg_dsn, table)
+    b.search(q, k=1)
+    a.drop()
+    a = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=2.0))
+    a.add_vectors(vecs[:30], counts[:30], ids=[f"d{i}" for i in range(30)])
+    fresh = PgVectorNormIndex(pg_dsn, table)
+    assert b.search(q, k=5) == fresh.search(q, k=5)
+    assert len(b) == 30 and b.weights == Weights(a=2.0)
+    a.drop()
+    a = PgVectorNormIndex(pg_dsn, table)  # and to another dimension
+    a.add_vectors(vecs[:20, :8], counts[:20], ids=[f"e{i}" for i in range(20)])
+    assert [h.id for h in b.search(q[:8], k=3)] == [h.id for h in PgVectorNormIndex(pg_dsn, table).search(q[:8], k=3)]
+
+
+def test_a_handles_own_ef_search_outlives_the_tables_writes(pg_dsn, table):
+    """``index.ef_search = 40`` was put back to the stored 128 by the next write of any handle, its own
+    included; the table's setting (the constructor's ``ef_search=``) is what handles start from."""
+    vecs, counts = synthetic(40, 16, seed=9)
+    a = PgVectorNormIndex(pg_dsn, table, index_type="hnsw", ef_search=64)
+    a.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(40)])
+    b = PgVectorNormIndex(pg_dsn, table)
+    a.ef_search = 40
+    b.set_weights(Weights(a=0.03))
+    a.search(vecs[0], 3)
+    a.set_weights(Weights(a=0.01))
+    assert a.ef_search == 40 and b.ef_search == 64
+    assert PgVectorNormIndex(pg_dsn, table).ef_search == 64
