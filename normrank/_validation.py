@@ -125,7 +125,8 @@ def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:
 
     ``allow_nul=False`` also refuses NUL characters, which PostgreSQL text and jsonb cannot hold.
     ``what`` names the value in the message (``"id 3"``, ``"text 0"``, ``"metadata 2 key 'a'"``).
-    Raises :class:`~normrank.errors.InvalidTextError`.
+    Returns it as a plain ``str`` (an ``np.str_`` or other subclass was stored as itself until a save and
+    load turned it into ``str``). Raises :class:`~normrank.errors.InvalidTextError`.
     """
     if not value.isascii():
         try:
@@ -138,7 +139,7 @@ def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:
     if not allow_nul and "\x00" in value:
         raise InvalidTextError(f"{what} holds a NUL character (\\x00) at position {value.index(chr(0))}, "
                                "which this backend cannot store")
-    return value
+    return value if type(value) is str else str.__str__(value)
 
 
 def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = True,

@@ -353,10 +353,7 @@ def _validate(data: Mapping[str, Any], from_env: set[str], where: str) -> NormRa
         if any(".".join(str(x) for x in e["loc"]) not in lenient for e in exc.errors()):
             # named without the values the lax check would convert
             raise ConfigError(_format(exc, where, lenient)) from None
-    try:
-        return NormRankConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_format(exc, where)) from None
+    return _validate_lax(data, where)
 
 
 def _expand(value: Any, where: str, loc: str = "", expanded: set[str] | None = None) -> Any:
@@ -374,7 +371,7 @@ def _expand(value: Any, where: str, loc: str = "", expanded: set[str] | None = N
         return [_expand(v, where, f"{loc}.{i}", expanded) for i, v in enumerate(value)]
     if not isinstance(value, str) or "$" not in value:
         return value
-    if expanded is not None and _VAR.search(value) and any(m.group(0) != "$${" for m in _VAR.finditer(value)):
+    if expanded is not None and any(m.group(0) != "$${" for m in _VAR.finditer(value)):
         expanded.add(loc)
 
     def sub(m: re.Match[str]) -> str:

@@ -88,15 +88,12 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str")
-        if type(t) is not str:  # np.str_ and other str subclasses: kept as str, as a save and load return them
-            out[i] = t = str.__str__(t)
         if not t.strip():
             raise EmptyTextError(f"text {i} is empty or whitespace only; it cannot be embedded")
-        check_text(t, f"text {i}")
+        out[i] = check_text(t, f"text {i}")  # np.str_ kept as str
     return out
 
 
-#: Torch device strings an encoder takes: a kind, and an optional index.
 #: The device types torch names (``torch.device`` takes these, with an optional ``:index``).
 _DEVICE = re.compile(r"(cpu|cuda|mps|xpu|hpu|npu|mtia|xla|ipu|hip|ve|fpga|maia|lazy|vulkan|metal|mkldnn|opengl|"
                      r"opencl|ideep|meta|privateuseone)(:(0|[1-9][0-9]*))?")
@@ -248,7 +245,7 @@ class RawEncoder:
         self.device = check_device(device)
         self.max_seq_length = int(max_seq_length) if max_seq_length is not None else None
         self.show_progress = show_progress
-        self.backend = check_backend(backend, device)
+        self.backend = check_backend(backend, self.device)
         self._init_state(None)
         if model is not None and _looks_like_path(self.model_name) and not Path(self.model_name).exists():
             raise ModelLoadError(f"model path {self.model_name!r} does not exist")

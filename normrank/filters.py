@@ -50,13 +50,11 @@ def check_filter(flt: Any, *, allow_nul: bool = True) -> MetadataFilter | None:
         raise InvalidArgumentError(f"filter must be a dict or a callable, got {type(flt).__name__}")
     if not flt:
         return None
-    predicate = _compile(flt, "filter", allow_nul)
     if not is_plain(flt):
-        return predicate
+        return _compile(flt, "filter", allow_nul)
     # the values as metadata is stored (through JSON: keys as strings, tuples as lists), so that a filter
     # matches what the same value gave when it was added, on every backend
-    return {key: _values(key, list(want) if isinstance(want, _LISTS) else want, "filter", allow_nul)
-            for key, want in flt.items()}
+    return {_key(key, "filter"): _plain_value(key, want, "filter", allow_nul) for key, want in flt.items()}
 
 
 def _named_errors(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
@@ -67,6 +65,7 @@ def _named_errors(fn: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, An
     a filter must not change them)."""
     if getattr(fn, "_normrank_guarded", False):
         return fn
+
     def guarded(metadata: dict[str, Any]) -> Any:
         try:
             # a shallow copy: with the store's own dict, a key the function set or popped was kept and saved.
@@ -127,6 +126,17 @@ def _is_operator_dict(value: Any) -> bool:
     return isinstance(value, Mapping) and any(_is_operator_key(k) for k in value)
 
 
+def _key(key: Any, where: str) -> str:
+    if not isinstance(key, str):
+        raise InvalidArgumentError(f"{where} keys must be strings, got {key!r}")
+    return key
+
+
+def _plain_value(key: str, want: Any, where: str, allow_nul: bool) -> Any:
+    """A plain filter value (one value, or a list of accepted ones) as stored metadata reads it."""
+    return _values(key, list(want) if isinstance(want, _LISTS) else want, where, allow_nul)
+
+
 def _values(name: str, value: Any, where: str, allow_nul: bool) -> Any:
     """``value`` checked as metadata is (finite numbers, JSON-able, no NUL where the backend has none);
     an error names it as ``where[name]``."""
@@ -136,14 +146,13 @@ def _values(name: str, value: Any, where: str, allow_nul: bool) -> Any:
 def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
     parts: list[Predicate] = []
     for key, want in flt.items():
-        if not isinstance(key, str):
-            raise InvalidArgumentError(f"{where} keys must be strings, got {key!r}")
+        _key(key, where)
         if _is_operator_key(key):
             parts.append(_logical(key, want, where, allow_nul))
         elif _is_operator_dict(want):
             parts.append(_field(key, want, f"{where}[{key!r}]", allow_nul))
         else:
-            checked = _values(key, list(want) if isinstance(want, _LISTS) else want, where, allow_nul)
+            checked = _plain_value(key, want, where, allow_nul)
             parts.append(lambda m, key=key, want=checked: _plain(m.get(key), want))
     return lambda m: all(p(m) for p in parts)
 

@@ -72,9 +72,7 @@ def _check_ids(ids: Any, *, allow_nul: bool = True) -> list[str]:
     for i, x in enumerate(out):
         if not isinstance(x, str) or not x:
             raise InvalidIdError(f"id {i} is {x!r} ({type(x).__name__}); ids must be non-empty strings")
-        if type(x) is not str:  # np.str_ and other str subclasses: stored as str, as a save and load return them
-            out[i] = x = str.__str__(x)
-        check_text(x, f"id {i}", allow_nul=allow_nul)
+        out[i] = check_text(x, f"id {i}", allow_nul=allow_nul)  # np.str_ stored as str
     return out
 
 
@@ -320,9 +318,7 @@ class BlendIndexBase:
             if t is not None and not isinstance(t, str):
                 raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str or None")
             if t is not None:
-                if type(t) is not str:  # np.str_: stored as str, as a save and load return it
-                    text_list[i] = t = str.__str__(t)
-                check_text(t, f"text {i}", allow_nul=self._allow_nul)
+                text_list[i] = check_text(t, f"text {i}", allow_nul=self._allow_nul)  # np.str_ stored as str
         return mat, norms, counts, text_list, _as_metadatas(metadatas, n, allow_nul=self._allow_nul,
                                                              jsonb=self._jsonb)
 

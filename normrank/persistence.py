@@ -199,18 +199,26 @@ def foreign_entries(root: Path) -> list[str]:
         return []
     foreign = []
     for p in sorted(root.iterdir()):
-        name = p.name
-        if name in (LOCK, MARKER) and p.is_file() and not p.is_symlink():  # the marker: written while we list
-            continue
-        if name == CURRENT and p.is_symlink() and _VERSION_NAME.fullmatch(os.readlink(p)):
-            continue
-        if _VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink():
-            continue
-        if _LINK_NAME.fullmatch(name) and p.is_symlink():
-            continue
-        foreign.append(name + ("/" if p.is_dir() and not p.is_symlink() else "")
-                       + (f" -> {os.readlink(p)}" if p.is_symlink() else ""))
+        if _entry_kind(p) is None:
+            foreign.append(p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+                           + (f" -> {os.readlink(p)}" if p.is_symlink() else ""))
     return foreign
+
+
+def _entry_kind(p: Path) -> str | None:
+    """What ``p`` is among the entries normrank writes in an index folder: ``"file"`` (``.lock``, or the
+    marker, which a save may write while the folder is listed), ``"current"``, ``"version"`` (a
+    ``v-<hex>`` folder) or ``"link"`` (a ``.current-<hex>`` link being published); ``None`` for anything else."""
+    name = p.name
+    if name in (LOCK, MARKER) and p.is_file() and not p.is_symlink():
+        return "file"
+    if name == CURRENT and p.is_symlink() and _VERSION_NAME.fullmatch(os.readlink(p)):
+        return "current"
+    if _VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink():
+        return "version"
+    if _LINK_NAME.fullmatch(name) and p.is_symlink():
+        return "link"
+    return None
 
 
 def _check_owned(root: Path) -> None:
@@ -429,13 +437,8 @@ def _nothing_saved_yet(root: Path) -> bool:
     ``current`` link, ``rsync -r``) or anything else is not "nothing": that folder is named, not treated as
     missing, or load-or-create code would save over it."""
     for p in root.iterdir():
-        name = p.name
-        if name in (LOCK, MARKER) and p.is_file() and not p.is_symlink():
-            continue
-        if _LINK_NAME.fullmatch(name) and p.is_symlink():
-            continue
-        if (_VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink()
-                and not os.path.lexists(p / MANIFEST)):
+        kind = _entry_kind(p)
+        if kind in ("file", "link") or (kind == "version" and not os.path.lexists(p / MANIFEST)):
             continue
         return False
     return True

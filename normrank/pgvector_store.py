@@ -350,11 +350,10 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                                    f"(no {self._names.state} state table); choose another table name")
             force = True
         try:
-            table = self._names.regclass_args()[0]
             row = cur.execute(self._names.sql(
-                "SELECT CASE WHEN %s AND value ->> 'version' = %s AND to_regclass(%s)::oid = %s::oid THEN NULL "
-                "ELSE value END, to_regclass(%s)::oid FROM {s} WHERE key = 'state'"),
-                (not force, str(self._version), table, self._table_oid, table)).fetchone()
+                "SELECT CASE WHEN %s AND value ->> 'version' = %s AND t.oid = %s::oid THEN NULL ELSE value END, "
+                "t.oid FROM {s}, (SELECT to_regclass(%s)::oid AS oid) AS t WHERE key = 'state'"),
+                (not force, str(self._version), self._table_oid, self._names.regclass_args()[0])).fetchone()
         except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction, psycopg.errors.DataError):
             raise BackendError(f"table {self._names.state} is not a normrank state table, so {self.table} is not "
                                "a normrank table; choose another table name") from None

@@ -1027,9 +1027,10 @@ class NormIndex(BlendIndexBase):
             elif encoder is not None:
                 warn_if_other_encoder(state.get("encoder"), encoder, f"the index at {path}")
             index = cls(
-                encoder, dim=state["dim"], weights=Weights.from_saved(state["weights"], f"the index at {path}"), index_type=state["index_type"],
-                pad_to=state["pad_to"], hnsw_m=state["hnsw_m"], ef_construction=state["ef_construction"],
-                ef_search=state["ef_search"], nlist=state["nlist"], nprobe=state["nprobe"],
+                encoder, dim=state["dim"], weights=Weights.from_saved(state["weights"], f"the index at {path}"),
+                index_type=state["index_type"], pad_to=state["pad_to"], hnsw_m=state["hnsw_m"],
+                ef_construction=state["ef_construction"], ef_search=state["ef_search"], nlist=state["nlist"],
+                nprobe=state["nprobe"],
                 calibrator=NormCalibrator.from_dict(state["calibrator"]),
                 query_calibrator=(NormCalibrator.from_dict(state["query_calibrator"])
                                   if state["query_calibrator"] else None),
