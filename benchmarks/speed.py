@@ -259,6 +259,9 @@ def bench_size(n: int, reps: int, n_single: int, pads: tuple[int, ...], hnsw: bo
                 for pad, idx in indexes.items():
                     fns[f"normrank_pad{pad}"] = (lambda idx=idx: [idx.search(singles[i], 10, query_token_count=12)
                                                                   for i in range(n_single)])
+                # one query as FAISS takes it (a one-row matrix) and gives it back (arrays)
+                fns["normrank_arrays"] = (lambda idx=indexes[pads[0]]: [idx.search_arrays(
+                    singles[i:i + 1], 10, query_token_counts=[12]) for i in range(n_single)])
                 nq = n_single
             else:
                 fns = {"faiss": lambda: flat.search(qunit, 10)}
@@ -784,7 +787,8 @@ def markdown(res: dict[str, Any]) -> str:
           "FAISS's top-k heaps, in blocks of 1024 stored vectors on 1 thread (FAISS's own block) and, with more "
           "threads, blocks big enough that FAISS's heaps run on all of them; single queries use FAISS's "
           "per-query kernel. `search_arrays` is the same search returning ids, scores and cosines as arrays "
-          "(like FAISS) instead of `Hit` objects. In the per-step table the rest is found by subtraction, so a "
+          "(like FAISS) instead of `Hit` objects; in `single` rows it gets each query as FAISS does, a one-row "
+          "matrix, and takes the same single-vector path as `NormIndex.search`. In the per-step table the rest is found by subtraction, so a "
           "negative value means the separately timed scan was slower than the scan inside the search: noise. `N thr` limits FAISS's OpenMP and both OpenBLAS pools (threadpoolctl). "
           "The blended top-10 matched brute force on "
           + ", ".join(f"{r['exact_overlap_at_10']:.0%} at {r['n']:,}" for r in res["search"]) + " of 80 results. "

@@ -58,6 +58,7 @@ class DocColumns:
         self.alive = np.zeros(0, dtype=bool)
         self._live: np.ndarray | None = None
         self._id_array: np.ndarray | None = None  # ids as an object array: built by the first id_array()
+        self._views: tuple[memoryview, memoryview, memoryview] | None = None  # see views()
 
     # ------------------------------------------------------------ size
     def __len__(self) -> int:
@@ -88,6 +89,7 @@ class DocColumns:
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
             setattr(self, name, new)
+        self._views = None
 
     # ------------------------------------------------------------ changing
     def append(self, ids: Sequence[str], texts: Sequence[str | None], metas: Sequence[dict[str, Any]],
@@ -142,6 +144,18 @@ class DocColumns:
             arr[:] = self.ids
             self._id_array = arr
         return self._id_array
+
+    def views(self) -> tuple[memoryview, memoryview, memoryview]:
+        """Norms, token counts and g(d) as memoryviews, for the few documents of one result row.
+
+        Why: indexing a memoryview gives a Python float or int in CPython's own code, where a NumPy
+        fancy index plus ``tolist`` per column are calls into NumPy that, right after a scan has left
+        the caches cold, cost microseconds each (benchmarks/results/speed.md). Same values as
+        ``tolist()``: float32 and float64 read as the same Python float. Rebuilt when the columns grow.
+        """
+        if self._views is None:
+            self._views = (memoryview(self.norms), memoryview(self.counts), memoryview(self.g))
+        return self._views
 
     def internal_ids(self, wanted: Sequence[str], unknown: str = "unknown ids") -> np.ndarray:
         """Internal ids of ``wanted``, in order; ``UnknownIdError`` naming up to five missing ones."""

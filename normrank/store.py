@@ -210,6 +210,7 @@ class NormIndex(BlendIndexBase):
         self._inner: Any = None  # the flat index inside the IDMap2, cached with _labels
         self._query_buf: tuple[Any, ...] | None = None  # see _single_query_buffers
         self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
+        self._labels_view: memoryview | None = None  # _labels read without NumPy (see _additive_hits)
         self._lock = threading.RLock()
 
     @property
@@ -545,6 +546,12 @@ class NormIndex(BlendIndexBase):
         same errors. For batch scoring and evaluation, where building 640 ``Hit`` objects was ~10% of a
         64-query batch over 10k documents (benchmarks/results/speed.md).
         """
+        if filter is None:
+            one = _one_plain_query(queries, query_token_counts)
+            if one is not None:
+                found = self._search_vector(one, k, arrays=True)
+                if found is not None:
+                    return found
         filter = check_filter(filter)
         front = self._batch_front(queries, k, "search_arrays")
         if front is None:
@@ -638,8 +645,9 @@ class NormIndex(BlendIndexBase):
         scores, ids = self._search_unmapped(qaug, k)
         return ids, scores, np.full(qaug.shape[0], wts.a, dtype=np.float64)
 
-    def _search_vector(self, query: np.ndarray, k: Any) -> list[Hit] | None:
-        """The common case on a lean path: one raw vector, no filter, flat or HNSW index, a fixed weight.
+    def _search_vector(self, query: np.ndarray, k: Any, *, arrays: bool = False) -> Any:
+        """The common case on a lean path: one raw vector, no filter, flat or HNSW index, a fixed weight;
+        its hits, or with ``arrays`` (additive blends only) its :class:`HitArrays` of one row.
 
         Does exactly the arithmetic of :meth:`search_batch` (same float32 query, same FAISS kernel,
         same feature values), minus its per-call generality; returns ``None`` for anything else
@@ -651,7 +659,8 @@ class NormIndex(BlendIndexBase):
             wts = self._weights
             if (self.index_type == "ivf" or wts.b != 0.0 or self._tombstones or self._index is None
                     or query.shape[0] != self._dim or k > len(self._docs)
-                    or (wts.mode == "multiplicative" and not wts.is_cosine)):
+                    or (wts.mode == "multiplicative" and not wts.is_cosine)
+                    or (arrays and wts.mode != "additive")):
                 return None
             v = np.asarray(query, dtype=np.float32)  # no copy: v is only read
             # the batch path's float64 norm (np.linalg.norm: the same products, the same pairwise sum),
@@ -662,38 +671,49 @@ class NormIndex(BlendIndexBase):
                 return None  # the general path names it
             inner, labels = self._flat_parts()
             # ours alone while we hold the lock
-            q, q_ptr, scores, pos, s_ptr, p_ptr = self._single_query_buffers(inner.d, k)
-            np.divide(v, np.float32(norm), out=q[0, : self._dim])
+            q_row, q_view, q_ptr, scores, pos, s_ptr, p_ptr, s_view, p_view = self._single_query_buffers(inner.d, k)
+            np.divide(v, np.float32(norm), out=q_row)
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
-            q[0, self._dim] = qcol / self._column_scale
+            q_view[self._dim] = qcol / self._column_scale  # float64 division, stored as float32
             # search_c: FAISS's own call minus its Python wrapper's argument checks (done above); a flat
             # index on one thread: FAISS's per-query kernel, not its database-parallel path (at_most_threads)
             if self.index_type == "flat":
                 at_most_threads(1, inner.search_c, 1, q_ptr, k, s_ptr, p_ptr)
             else:
                 inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
+            if wts.mode == "additive":
+                positions = p_view.tolist()
+                if not self._positions_are_ids:
+                    lab = self._labels_view
+                    positions = [lab[p] if p >= 0 else -1 for p in positions]
+                if arrays:
+                    return self._additive_arrays(positions, s_view.tolist(), float(w))
+                return self._additive_hits(positions, s_view.tolist(), float(w))
             row = pos[0]
             if row[-1] < 0:  # HNSW can return fewer than k; flat never does here
                 return self._hits(self._ids_at(row, labels), scores[0], w)
             return self._hits(row if self._positions_are_ids else labels[row], scores[0], w, all_valid=True)
 
-    def _single_query_buffers(self, width: int, k: int) -> tuple[np.ndarray, Any, np.ndarray, np.ndarray, Any, Any]:
-        """One augmented query row, the result rows, and their FAISS pointers, kept between single
-        searches (they run under the lock, one at a time, and every result is copied out before it is
-        released): allocations, a zero fill and pointer lookups fewer per call, which after a scan or a
-        walk has left the caches cold cost a visible share of a 10k-document search. The padding
-        columns stay zero; the vector and the weight column are written on every call. Result rows
-        for a ``k`` above :data:`_KEPT_K_MAX` are made for the call and not kept."""
+    def _single_query_buffers(self, width: int, k: int) -> tuple[Any, ...]:
+        """One augmented query row (with a view of its vector part and a memoryview of it), the result
+        rows, their FAISS pointers and memoryviews of the results, kept between single searches (they run
+        under the lock, one at a time, and every result is copied out before it is released): allocations,
+        a zero fill and pointer lookups fewer per call, which after a scan or a walk has left the caches
+        cold cost a visible share of a 10k-document search.
+        The padding columns stay zero; the vector and the weight column are written on every call.
+        Result rows for a ``k`` above :data:`_KEPT_K_MAX` are made for the call and not kept."""
         buf = self._query_buf
-        if buf is None or buf[0].shape[1] != width or buf[2].shape[1] != k:
-            q = buf[0] if buf is not None and buf[0].shape[1] == width else np.zeros((1, width), dtype=np.float32)
-            scores, pos = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
-            fresh = (q, faiss.swig_ptr(q), scores, pos, faiss.swig_ptr(scores), faiss.swig_ptr(pos))
-            if k > _KEPT_K_MAX:
-                return fresh
-            buf = self._query_buf = fresh
-        return buf
+        if buf is not None and buf[0] == width and buf[1] == k:
+            return buf[3:]
+        q = buf[2] if buf is not None and buf[0] == width else np.zeros((1, width), dtype=np.float32)
+        scores, pos = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
+        fresh = (width, k, q, q[0, : self._dim], memoryview(q).cast("B").cast("f"), faiss.swig_ptr(q), scores, pos,
+                 faiss.swig_ptr(scores), faiss.swig_ptr(pos),
+                 memoryview(scores).cast("B").cast("f"), memoryview(pos).cast("B").cast("q"))
+        if k <= _KEPT_K_MAX:
+            self._query_buf = fresh
+        return fresh[3:]
 
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
         """Internal ids passing a filter already checked by :func:`~normrank.filters.check_filter`."""
@@ -750,6 +770,7 @@ class NormIndex(BlendIndexBase):
         if self._labels is None or self._inner is None:
             self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
             self._inner = faiss.downcast_index(self._index.index)
+            self._labels_view = memoryview(self._labels)
             # true until a compaction or a rebuild after deletes: then searches skip the mapping
             self._positions_are_ids = bool(np.array_equal(self._labels, np.arange(self._labels.size)))
         return self._inner, self._labels
@@ -824,6 +845,47 @@ class NormIndex(BlendIndexBase):
             qcol = float(query_column(np.array(w), self._weights))
             clist = (scores.astype(np.float64) - qcol * doc_column(g, self._weights.mode)).tolist()
         return self._hit_row(ids.tolist(), slist, clist, glist, d.norms[ids].tolist(), d.counts[ids].tolist(), w)
+
+    def _additive_hits(self, rows: list[int], scores: list[float], w: float) -> list[Hit]:
+        """:meth:`_hits` for one row of an additive blend given as lists (internal ids, from FAISS's result
+        buffers): the same hits with the same values, without a NumPy call (see :meth:`DocColumns.views`).
+        Internal ids of -1 (an HNSW walk that found fewer than ``k``) are skipped."""
+        d = self._docs
+        norms, counts, g = d.views()
+        doc_ids, texts, metas = d.ids, d.texts, d.metas
+        new = object.__new__
+        out = []
+        for i, sc in zip(rows, scores):
+            if i < 0:
+                continue
+            gg = g[i]
+            hit = new(Hit)
+            f = hit.__dict__  # as in _hit_row
+            f["id"] = doc_ids[i]
+            f["score"] = sc
+            f["cosine"] = sc - w * gg  # query column = w, document column = g: cos = s - w * g
+            f["norm"] = norms[i]
+            f["norm_feature"] = gg
+            f["weight"] = w
+            f["token_count"] = counts[i]
+            f["text"] = texts[i]
+            m = metas[i]
+            f["metadata"] = {} if m is None else copy_metadata(m)
+            out.append(hit)
+        return out
+
+    def _additive_arrays(self, rows: list[int], scores: list[float], w: float) -> HitArrays:
+        """:meth:`search_arrays`' answer for one row of an additive blend given as lists, with the values
+        its batch path gives (the cosine is the float32 score minus ``w * g(d)`` in float64); a row with
+        fewer than ``k`` hits is padded as there."""
+        d = self._docs
+        g, doc_ids = d.views()[2], d.ids
+        if min(rows) >= 0:
+            cos = [sc - w * g[i] for i, sc in zip(rows, scores)]
+            return HitArrays([[doc_ids[i] for i in rows]], np.array([scores], dtype=np.float32), np.array([cos]))
+        cos = [sc - w * g[i] if i >= 0 else math.nan for i, sc in zip(rows, scores)]
+        scores = [sc if i >= 0 else -math.inf for i, sc in zip(rows, scores)]
+        return HitArrays([[doc_ids[i] for i in rows if i >= 0]], np.array([scores], dtype=np.float32), np.array([cos]))
 
     def _hits_batch(self, ids: np.ndarray, scores: np.ndarray, w: np.ndarray) -> list[list[Hit]]:
         """``[self._hits(ids[i], scores[i], w[i]) for i in rows]`` with the array work done once for the
@@ -1086,6 +1148,23 @@ def _read_jsonl(text: str) -> list[Any]:
     if lines and lines[-1] == "":
         lines.pop()
     return json.loads("[" + ",".join(lines) + "]") if lines else []
+
+
+def _one_plain_query(queries: Any, counts: Any) -> np.ndarray | None:
+    """The vector of a batch of one raw float vector (a one-row matrix, or a list or tuple of one 1-D
+    array) whose token count is absent or plausible, for the single-vector path; ``None`` otherwise."""
+    if type(queries) is np.ndarray:
+        if queries.ndim != 2 or queries.shape[0] != 1:
+            return None
+        one = queries[0]
+    elif type(queries) in (list, tuple) and len(queries) == 1 and type(queries[0]) is np.ndarray:
+        one = queries[0]
+    else:
+        return None
+    if counts is not None and not (type(counts) in (list, tuple) and len(counts) == 1 and (
+            counts[0] is None or (type(counts[0]) is int and 0 < counts[0] <= MAX_TOKEN_COUNT))):
+        return None
+    return one
 
 
 def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:

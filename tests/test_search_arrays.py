@@ -92,3 +92,41 @@ def test_same_errors_as_search_batch():
         NormIndex(dim=DIM).search_arrays([qv[0]], 1)
     empty = index.search_arrays([], 3)
     assert empty.ids == [] and empty.scores.shape == (0, 0)
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
+@pytest.mark.parametrize("weights", [Weights(a=0.05), Weights(a=0.03, b=0.02), Weights(a=0.1, mode="tiebreak"),
+                                     Weights(a=0.2, mode="multiplicative"), Weights()])
+def test_one_query_in_any_form_gives_the_row_a_batch_gives(index_type, weights):
+    """A batch of one raw vector takes the single-vector path (flat and HNSW, additive blends); in every
+    form (one-row matrix of either float width, list, tuple, with or without its token count) it holds
+    the ids and the exact score and cosine values of the same query's row in a batch."""
+    index, qv, qc = build(index_type, weights)
+    for i in range(4):
+        q = qv[i]
+        want = index.search_batch([q, qv[i + 1]], 10, query_token_counts=[qc[i], qc[i + 1]])[:1]
+        for form in (q[None, :], q[None, :].astype(np.float64), [q], (q,), [q.astype(np.float64)]):
+            same(index.search_arrays(form, 10, query_token_counts=[qc[i]]), want)
+        if weights.b == 0:  # without a count only where the weight does not need one
+            same(index.search_arrays([q], 10), want)
+
+
+def test_one_query_after_a_compaction_and_on_a_thin_hnsw_graph():
+    """Positions that are no longer internal ids (after a compaction), and an HNSW walk that finds fewer
+    than k (its row padded with -inf scores and NaN cosines, as a batch pads it)."""
+    index, qv, _ = build()
+    index.delete([f"d{i}" for i in range(0, 400, 3)])
+    index._compact()  # deletes past the threshold compact on their own; here at once
+    index.search(qv[0], 1)
+    assert not index._positions_are_ids
+    for q in qv[:4]:
+        same(index.search_arrays([q], 10), index.search_batch([q], 10))
+    vecs, counts = synthetic(30, dim=DIM, seed=3)
+    thin = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type="hnsw", hnsw_m=4, ef_search=1)
+    thin.add_vectors(vecs, counts, ids=[f"t{i}" for i in range(30)])
+    padded = 0
+    for q in qv:
+        rows = thin.search_batch([q], 30)
+        padded += len(rows[0]) < 30
+        same(thin.search_arrays(q[None, :], 30), rows)
+    assert padded  # the case is reached

@@ -223,7 +223,7 @@ def test_single_searches_reuse_small_result_rows_and_never_keep_large_ones(built
     for k, kept in ((10, 10), (3, 3), (store_mod._KEPT_K_MAX + 1, 3), (10, 10)):
         for q in queries[:3]:
             _check(index.search(q, k), *_brute(index, raw, counts, ids, q, k))
-        assert index._query_buf[2].shape[1] == kept
+        assert index._query_buf[1] == index._query_buf[6].shape[1] == kept
 
 
 def test_batches_after_a_compaction_map_positions_to_ids() -> None:
@@ -479,3 +479,25 @@ def test_single_queries_do_not_depend_on_faiss_threads() -> None:
     assert many == one and many_batch == one_batch == one[:3]
     for q, hits in zip(queries, many):
         _check(hits, *_brute(index, raw, counts, ids, q, 10))
+
+
+def test_single_search_reads_columns_that_grew_after_an_earlier_search() -> None:
+    """The single path reads norms, token counts and g(d) through views of the columns; an add that
+    grows the columns past their capacity (and a recalibration that rewrites g) must be seen by the
+    next search, field by field, as the general path sees it."""
+    raw, counts = _corpus(700, seed=11)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(raw[:40], counts[:40], ids=[f"g{i}" for i in range(40)])
+    index.search(raw[0], 5)  # the views of the 64-slot columns are made here
+    index.add_vectors(raw[40:], counts[40:], ids=[f"g{i}" for i in range(40, 700)])
+    ids = [f"g{i}" for i in range(700)]
+    for q in raw[600:610]:
+        hits = index.search(q, 10)
+        _check(hits, *_brute(index, raw, counts, ids, q, 10))
+        assert hits == index.search_batch([q], 10)[0]
+        for h in hits:
+            i = int(h.id[1:])
+            assert h.token_count == int(counts[i])
+            assert h.norm == pytest.approx(float(np.linalg.norm(raw[i].astype(np.float64))), rel=1e-6)
+    index.recalibrate()
+    assert index.search(raw[650], 10) == index.search_batch([raw[650]], 10)[0]
