@@ -27,7 +27,7 @@ from normrank.filters import match as _match
 from normrank.index_base import _check_k
 from normrank.pg_sql import TableNames, filter_sql
 from normrank.pg_state import COLUMN_SCALE, PG_HIGH, check_pg_option
-from normrank.scoring import Hit, Weights, blend, doc_column, query_column
+from normrank.scoring import Hit, Weights, blend, doc_column, multiplicative_bound, query_column
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -187,7 +187,7 @@ class PgSearchMixin:
             scores = blend(cos, self._shaped_feature(self.calibrator, norms, counts), w, self._weights)
             order = np.lexsort((seqs, -scores))[:k]
             last = cos[-1] if cos.size else -1.0
-            bound = last + abs(w) / 2 * abs(last)
+            bound = multiplicative_bound(last, w)
             if len(rows) < m or m >= self._count or (order.size == k and scores[order[-1]] >= bound):
                 return self._hits([rows[j] for j in order.tolist()], w, scores=scores[order], cosines=cos[order])
             m = min(self._count, m * 4)

@@ -169,6 +169,18 @@ def blend(cos: np.ndarray, g_shaped: np.ndarray, w: np.ndarray, weights: Weights
     return cos * (1.0 + w * p)
 
 
+def multiplicative_bound(last_cosine: float, w: float) -> float:
+    """The best multiplicative score a document with cosine at most ``last_cosine`` can reach.
+
+    The factor ``1 + w * p`` lies in ``[1 - |w|/2, 1 + |w|/2]`` and a cosine in ``[-1, last]``; their
+    product peaks at a corner. Past ``|w| = 2`` the factor can be negative, and then a document
+    pointing away from the query (cosine -1) can score ``|w|/2 - 1``: a search that widened its cosine
+    candidates only until ``last * factor`` was beaten returned a wrong top-k there.
+    """
+    half = abs(w) / 2
+    return max(last_cosine + half * abs(last_cosine), half - 1.0)
+
+
 #: The keys :meth:`Hit.as_metadata` adds to a framework document: what the adapters expose.
 SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
 

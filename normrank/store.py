@@ -79,7 +79,7 @@ from normrank.persistence import (
     release_free_heap,
     write_versioned,
 )
-from normrank.scoring import Hit, HitArrays, Weights, blend, doc_column, query_column
+from normrank.scoring import Hit, HitArrays, Weights, blend, doc_column, multiplicative_bound, query_column
 
 logger = logging.getLogger(__name__)
 
@@ -818,7 +818,7 @@ class NormIndex(BlendIndexBase):
             scores = blend(cos, g, w, self._weights)
             order = np.lexsort((ids, -scores))[:k]
             last = cos[-1] if cos.size else -1.0
-            bound = last + abs(w) / 2 * abs(last)
+            bound = multiplicative_bound(last, w)
             if m >= n_live or (order.size == k and scores[order[-1]] >= bound):
                 return self._hits(ids[order], scores[order].astype(np.float32), w, cosines=cos[order])
             m = min(n_live, m * 4)

@@ -130,6 +130,25 @@ def test_other_modes_equal_faiss(pg_dsn, table, cranfield, cran_queries, weights
     assert_same_ranking(faiss_index.search_batch(list(qvecs[:30]), 10), pg.search_batch(list(qvecs[:30]), 10))
 
 
+@pytest.mark.parametrize("a", [3.0, 40.0])
+def test_multiplicative_weights_past_two_equal_faiss(pg_dsn, table, a):
+    """Past |w| = 2 a multiplicative factor can be negative and a document pointing away from the
+    query (cosine -1, low norm) can win: the widening search must reach it, as FAISS's now does."""
+    from .test_store import _away_pointing_corpus, brute_force
+
+    vecs, counts, ids, q = _away_pointing_corpus()
+    weights = Weights(a=a, mode="multiplicative")
+    ref = NormIndex(dim=vecs.shape[1], weights=weights)
+    ref.add_vectors(vecs, counts, ids=ids)
+    pg = PgVectorNormIndex(pg_dsn, table, weights=weights, index_type="flat")
+    pg.add_vectors(vecs, counts, ids=ids)
+    for k in (1, 3, 10):
+        want_ids, _ = brute_force(ref, vecs, counts, ids, q, 20, k)
+        got = pg.search(q, k)
+        assert [h.id for h in got] == [h.id for h in ref.search(q, k)] == want_ids
+    assert "d0" in [h.id for h in pg.search(q, 3)] or a != 3.0
+
+
 def test_fit_equals_faiss_and_is_stored_for_other_processes(pg_dsn, table, cranfield, encoder):
     faiss_index, pg = build_pair(pg_dsn, table, cranfield, Weights(), index_type="flat")
     faiss_index._encoder = pg._encoder = encoder

@@ -205,3 +205,32 @@ def test_a_store_filled_one_document_at_a_time_ranks_like_one_filled_at_once(ind
     for i in range(35):  # a calibration the caller gave is never refitted
         given.add_vectors(vecs[i:i + 1], counts[i:i + 1], ids=ids[i:i + 1])
     assert given.calibrator.n_fitted == 30
+
+
+def _away_pointing_corpus(dim: int = 64, n: int = 300) -> tuple[np.ndarray, np.ndarray, list[str], np.ndarray]:
+    """Documents around a query plus one pointing straight away from it with a very low norm: under a
+    multiplicative weight past 2 its factor 1 + w * p is negative, so cosine -1 scores well."""
+    rng = np.random.default_rng(0)
+    dirs = rng.normal(size=(n, dim))
+    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    q = rng.normal(size=dim).astype(np.float32)
+    dirs[0] = -q / np.linalg.norm(q)
+    norms = 5 * np.exp(rng.normal(0, 0.1, size=n))
+    norms[0] = 2.0
+    return (dirs * norms[:, None]).astype(np.float32), np.full(n, 20), [f"d{i}" for i in range(n)], q
+
+
+@pytest.mark.parametrize("a", [3.0, -3.0, 40.0, 0.4])
+def test_multiplicative_weights_past_two_find_the_document_pointing_away(a):
+    """The factor of a multiplicative blend lies in [1 - |w|/2, 1 + |w|/2]; past |w| = 2 it can be
+    negative, and the search must keep widening until no unseen document (cosine down to -1) can win."""
+    vecs, counts, ids, q = _away_pointing_corpus()
+    index = NormIndex(dim=vecs.shape[1], weights=Weights(a=a, mode="multiplicative"))
+    index.add_vectors(vecs, counts, ids=ids)
+    for k in (1, 3, 10):
+        exp_ids, exp_scores = brute_force(index, vecs, counts, ids, q, 20, k)
+        hits = index.search(q, k)
+        assert_same_ranking(hits, exp_ids, exp_scores)
+        assert hits == index.search_batch([q], k)[0]
+    if a == 3.0:  # the case the old bound missed: d0 (cosine -1) is among the best three
+        assert "d0" in [h.id for h in index.search(q, 3)]
