@@ -204,12 +204,14 @@ def search_up_to(index: SearchableIndex, query: Any, k: int, on_empty: Callable[
         except MissingTokenCountError:
             query_token_count = int(index.encoder.token_counts([count_text])[0])  # type: ignore[attr-defined]
     kwargs: dict[str, Any] = {"filter": filter}
-    encoder = getattr(index, "encoder", None)
-    if isinstance(query, str) and encoder is not None and isinstance(index, BlendIndexBase):
+    if isinstance(query, str) and isinstance(index, BlendIndexBase):
         # Encoded once, not on every try: a retry that encodes again (~15 ms) lost every race against a
         # thread deleting every 10 ms. The same vector and count the index's search(text) computes.
+        # Only a text query reads index.encoder: the property makes the default model when the index has
+        # none, which a save then records, so a store searched with vectors of other embeddings once
+        # reopened on the bundled model.
         check_text(query, "the query")
-        vecs, counts = encoder.encode_with_counts([query])
+        vecs, counts = index.encoder.encode_with_counts([query])
         query, query_token_count = np.asarray(vecs[0], dtype=np.float32), int(counts[0])
     if query_token_count is not None:  # the protocol's search need not take it
         kwargs["query_token_count"] = query_token_count

@@ -529,6 +529,22 @@ def test_load_local_of_a_store_built_with_other_embeddings_needs_them(tmp_path):
     assert _ids(loaded.similarity_search("bar", k=3)) == _ids(store.similarity_search("bar", k=3))
 
 
+def test_searching_with_other_embeddings_never_adopts_the_bundled_model(tmp_path):
+    """A search with vectors of the store's own embeddings must not make the index load (and a save
+    then record) normrank's default encoder: reopened without embeddings it would answer with another
+    model's query vectors. The documented error stays."""
+    fake = DeterministicFakeEmbedding(size=6)
+    store = NormRankVectorStore.from_texts(["foo", "bar", "baz"], fake, ids=["1", "2", "3"])
+    before = _ids(store.similarity_search("bar", k=3))
+    store.similarity_search_with_relevance_scores("foo", k=2)
+    store.as_retriever().invoke("baz")
+    assert store.index._encoder is None
+    store.save_local(tmp_path / "fake")
+    with pytest.raises(InvalidArgumentError, match="load_local\\(path, embeddings\\)"):
+        NormRankVectorStore.load_local(tmp_path / "fake")
+    assert _ids(NormRankVectorStore.load_local(tmp_path / "fake", fake).similarity_search("bar", k=3)) == before
+
+
 def test_from_config_serves_the_saved_index(blended_index, tmp_path, encoder):
     blended_index.save(tmp_path / "idx")
     path = tmp_path / "normrank.yaml"

@@ -771,6 +771,37 @@ def test_index_nodes_do_not_hide_the_text_nodes(encoder, embed):
     assert sorted(store.query(q).ids) == ["t0", "t2"]
 
 
+@pytest.mark.parametrize("how", ["delete_nodes", "delete_ref_doc", "clear"])
+def test_deleting_the_index_nodes_leaves_the_text_nodes_retrievable(encoder, embed, how):
+    """LlamaIndex keeps a deleted node in the ``nodes_dict`` of a store that keeps the text, and passes it
+    as ``node_ids`` on every retrieval. Once the only ``IndexNode`` was deleted, that named nothing the
+    store held and every retrieval came back empty; ``SimpleVectorStore`` returns the text nodes. An
+    explicit restriction to ids that were never reference nodes still restricts."""
+    from llama_index.core import Document
+    from llama_index.core.schema import IndexNode, NodeRelationship, RelatedNodeInfo
+    from llama_index.core.vector_stores.simple import SimpleVectorStore
+
+    got = {}
+    for kind in ("simple", "normrank"):
+        store = SimpleVectorStore() if kind == "simple" else NormRankVectorStore(encoder=encoder)
+        inode = IndexNode(text="A summary table about French cities.", index_id="t0", id_="in1")
+        inode.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(node_id="report")
+        nodes = [TextNode(text="Paris is the capital of France.", id_="t0"),
+                 TextNode(text="Berlin is the capital of Germany.", id_="t1"), inode]
+        vindex = VectorStoreIndex(nodes, embed_model=embed, storage_context=StorageContext.from_defaults(vector_store=store))
+        if how == "delete_nodes":
+            vindex.delete_nodes(["in1"])
+        elif how == "delete_ref_doc":
+            vindex.delete_ref_doc("report")
+        else:
+            store.clear()
+            vindex.insert(Document(text="Madrid is the capital of Spain.", id_="madrid"))
+        got[kind] = sorted(n.node.get_content() for n in vindex.as_retriever(similarity_top_k=5).retrieve("capital"))
+    assert got["normrank"] == got["simple"] and got["normrank"]
+    q = VectorStoreQuery(query_embedding=embed.get_query_embedding("capital"), similarity_top_k=3, node_ids=["gone"])
+    assert store.query(q).ids == []
+
+
 def test_an_index_whose_model_folder_moved_still_answers_vector_queries(tmp_path, demo_texts):
     """With its model folder gone, an index opens with a MissingModelEncoder. LlamaIndex sends a query's
     embedding with its text, and the store counted the text's tokens with the index's encoder even for a

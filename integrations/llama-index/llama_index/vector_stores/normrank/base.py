@@ -293,6 +293,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
 
     _index: Any = PrivateAttr()
     _lock: Any = PrivateAttr()
+    _former_references: Any = PrivateAttr()  # ids of IndexNode / ImageNode nodes deleted through this store
 
     def __init__(
         self,
@@ -326,6 +327,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
         super().__init__(allow_empty=allow_empty)
         self._index = index
         self._lock = threading.RLock()
+        self._former_references: set[str] = set()
         if given and not allow_empty and not held_documents(index):
             warnings.warn(empty_message("NormRankVectorStore"), stacklevel=2)
 
@@ -459,7 +461,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
             if not ids:
                 return
             try:
+                references = self._reference_ids(ids)
                 self._index.delete(ids)
+                self._former_references.update(references)
                 return
             except UnknownIdError:
                 continue
@@ -498,9 +502,11 @@ class NormRankVectorStore(BasePydanticVectorStore):
     def clear(self) -> None:
         """Delete every node. The index keeps its settings, weights and calibration."""
         with self._lock:
-            ids = self._index.ids()
-            if ids:
-                self._index.delete(ids)
+            self._delete_where(self._index.ids)
+
+    def _reference_ids(self, ids: list[str]) -> list[str]:
+        """Those of ``ids`` that are IndexNode or ImageNode nodes (see :meth:`_is_nodes_dict`)."""
+        return [r.id for r in self._index.get(ids) if (r.metadata or {}).get("_node_type") in _REFERENCE_NODE_TYPES]
 
     async def aclear(self) -> None:
         await asyncio.to_thread(self.clear)
@@ -556,12 +562,18 @@ class NormRankVectorStore(BasePydanticVectorStore):
         each retriever and query engine on the index return only the ``IndexNode``, where
         ``SimpleVectorStore`` (whose ``nodes_dict`` lists every node) ranks them all. The price: an explicit
         ``node_ids`` of reference nodes only is read the same way and restricts nothing.
+
+        LlamaIndex never takes a deleted node out of the ``nodes_dict`` of a store that keeps the text, so
+        once its reference nodes are deleted it names only ids the store no longer holds. Read as a
+        restriction, that emptied every retrieval; ids that were all reference nodes deleted through this
+        store are read as the ``nodes_dict`` too (a store opened anew in another process does not know them).
         """
         if not node_ids:
             return False
-        held = [x for x in dict.fromkeys(_strings(node_ids, "node_ids")) if x in self._index]
+        named = list(dict.fromkeys(_strings(node_ids, "node_ids")))
+        held = [x for x in named if x in self._index]
         if not held:
-            return False
+            return bool(named) and all(x in self._former_references for x in named)
         try:
             records = self._index.get(held)
         except UnknownIdError:  # deleted meanwhile by another handle: read it as the restriction it names
