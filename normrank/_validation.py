@@ -71,7 +71,10 @@ def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None =
     zero = norms <= 1e-12
     if zero.any():
         rows = np.flatnonzero(zero)[:5].tolist()
-        raise InvalidVectorError(f"all-zero vectors have no direction and no norm (rows {rows})")
+        if not arr[rows].any():
+            raise InvalidVectorError(f"all-zero vectors have no direction and no norm (rows {rows})")
+        raise InvalidVectorError(f"vectors with a norm of at most 1e-12 are too small to have a direction "
+                                 f"that survives float32 (rows {rows}); encoders give norms near 1-10")
     if arr.size and max(float(arr.max()), -float(arr.min())) > FLOAT32_MAX / np.sqrt(arr.shape[1]):
         # only then can a norm pass float32's range: the unit vector became all zeros (a query ranked by
         # g(d) alone, in silence), so such rows are named (the float64 norms only for this rare case)
@@ -309,3 +312,31 @@ def check_option(name: str, value: Any, *, low: float | None = None, high: float
     if not lo <= out <= hi:
         raise InvalidArgumentError(f"{name} must be in {rng}, got {shown}")
     return out
+
+
+#: Token counts are stored as 32-bit integers, so a count above this could not be saved and reloaded.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+def as_token_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Whole numbers >= 1, one per vector: ints, or floats that are whole. Booleans, strings and nested
+    lists are refused, not converted (``True`` became 1, ``"5"`` 5 and ``[[5]]`` 5 in silence, where a
+    query's ``query_token_count="5"`` was refused)."""
+    if isinstance(token_counts, (str, bytes)):
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1, got a {type(token_counts).__name__}")
+    try:
+        given = np.asarray(token_counts)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
+    if given.dtype.kind == "b" or (not isinstance(token_counts, np.ndarray) and given.ndim == 1
+                                   and any(isinstance(c, (bool, np.bool_)) for c in token_counts)):
+        raise InvalidArgumentError("token counts must be whole numbers >= 1, not True/False")
+    if given.ndim > 1 or given.dtype.kind not in "iuf":
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 in a flat list, got {given.dtype} "
+                                   f"values of shape {given.shape}")
+    raw = given.astype(np.float64).ravel()
+    if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
+        raise InvalidArgumentError("token counts must be whole numbers >= 1")
+    if np.any(raw > MAX_TOKEN_COUNT):  # both backends store 32-bit counts (FAISS sidecar, pgvector integer)
+        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 and <= {MAX_TOKEN_COUNT}")
+    return raw.astype(np.int64)

@@ -29,13 +29,20 @@ FORMAT_VERSION = 1
 _MAD_TO_SD = 1.4826
 
 
+#: A spread of log-norms (or residuals) below this is rounding, not signal: equal norms computed from
+#: float32 vectors differ by ~1e-7, and standardised by that spread they became features of +-2.
+_NO_SPREAD = 1e-6
+
+
 def _robust_scale(x: np.ndarray) -> tuple[float, float]:
+    """Median and MAD (as a standard deviation; the standard deviation where most values are equal).
+    Without spread the scale is 1, so every feature is ~0: the norm then ranks nothing."""
     x = np.sort(x)  # the std fallback sums: sorted, the fit is bit-identical for any corpus order
     center = float(np.median(x))
     mad = float(np.median(np.abs(x - center))) * _MAD_TO_SD
-    if mad <= 1e-12:
+    if mad <= _NO_SPREAD:
         mad = float(np.std(x))
-    return center, mad if mad > 1e-12 else 1.0
+    return center, mad if mad > _NO_SPREAD else 1.0
 
 
 @dataclass
@@ -131,8 +138,8 @@ class NormCalibrator:
             raise InvalidArgumentError(f"{norms.size} norms but {counts.size} token counts")
         if norms.size and (not np.all(np.isfinite(norms)) or np.any(norms <= 0)):
             raise InvalidArgumentError("norms must be finite and positive")
-        if counts.size and np.any(counts < 1):
-            raise InvalidArgumentError("token counts must be >= 1")
+        if counts.size and not np.all(counts >= 1):  # NaN compares False: refused, not turned into NaN features
+            raise InvalidArgumentError("token counts must be numbers >= 1")
         return np.log(norms), np.log(counts)
 
     # ----------------------------------------------------------- persistence

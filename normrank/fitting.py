@@ -259,6 +259,15 @@ def check_fit_kwargs(kwargs: Mapping[str, Any], *, depth: bool = False) -> dict[
 FIT_MIN_DEPTH = 10
 
 
+def _whole_grade(g: Any) -> bool:
+    """An int, or a float that is whole (pandas reads a score column as 2.0); never a bool."""
+    if isinstance(g, (bool, np.bool_)):
+        return False
+    if isinstance(g, (int, np.integer)):
+        return True
+    return isinstance(g, (float, np.floating)) and math.isfinite(g) and float(g).is_integer()
+
+
 def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, str], doc_ids: set[str] | None,
                 missing_ok: Iterable[str] = ()) -> None:
     """Name qrels entries that point at unknown queries or documents, or whose grade is not a whole number
@@ -267,8 +276,7 @@ def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, st
     ``missing_ok`` lists documents known to be absent on purpose (e.g. empty texts that were
     skipped): they stay in the qrels, so metrics still count them as missed.
     """
-    bad = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items()
-           if isinstance(g, (bool, np.bool_)) or not isinstance(g, (int, np.integer))]
+    bad = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items() if not _whole_grade(g)]
     if bad:
         raise InvalidArgumentError(f"qrels grades must be whole numbers (0 = not relevant); query {bad[0][0]!r}, "
                                    f"document {bad[0][1]!r} has {bad[0][2]!r}")

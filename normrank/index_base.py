@@ -18,8 +18,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from normrank._validation import (
+from normrank._validation import (  # noqa: F401  (MAX_TOKEN_COUNT, _as_counts: re-exported where they were)
     FLOAT32_MAX,
+    MAX_TOKEN_COUNT,
     UNIT_NORM_TOLERANCE,
     as_matrix,
     check_metadata,
@@ -28,6 +29,7 @@ from normrank._validation import (
     check_text,
     real_numbers,
 )
+from normrank._validation import as_token_counts as _as_counts
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
@@ -512,34 +514,6 @@ def _check_unit(norms: np.ndarray) -> None:
     """Against a calibrated corpus refuse only unit-length batches: equal norms (a text added twice) are fine."""
     if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
         check_norm_signal(norms)
-
-
-#: Token counts are stored as 32-bit integers, so a count above this could not be saved and reloaded.
-MAX_TOKEN_COUNT = 2**31 - 1
-
-
-def _as_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Whole numbers >= 1, one per vector: ints, or floats that are whole. Booleans, strings and nested
-    lists are refused, not converted (``True`` became 1, ``"5"`` 5 and ``[[5]]`` 5 in silence, where a
-    query's ``query_token_count="5"`` was refused)."""
-    if isinstance(token_counts, (str, bytes)):
-        raise InvalidArgumentError(f"token counts must be whole numbers >= 1, got a {type(token_counts).__name__}")
-    try:
-        given = np.asarray(token_counts)
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"token counts must be whole numbers >= 1: {exc}") from exc
-    if given.dtype.kind == "b" or (not isinstance(token_counts, np.ndarray) and given.ndim == 1
-                                   and any(isinstance(c, (bool, np.bool_)) for c in token_counts)):
-        raise InvalidArgumentError("token counts must be whole numbers >= 1, not True/False")
-    if given.ndim > 1 or given.dtype.kind not in "iuf":
-        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 in a flat list, got {given.dtype} "
-                                   f"values of shape {given.shape}")
-    raw = given.astype(np.float64).ravel()
-    if not np.all(np.isfinite(raw)) or np.any(raw != np.round(raw)) or np.any(raw < 1):
-        raise InvalidArgumentError("token counts must be whole numbers >= 1")
-    if np.any(raw > MAX_TOKEN_COUNT):  # both backends store 32-bit counts (FAISS sidecar, pgvector integer)
-        raise InvalidArgumentError(f"token counts must be whole numbers >= 1 and <= {MAX_TOKEN_COUNT}")
-    return raw.astype(np.int64)
 
 
 def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,

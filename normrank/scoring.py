@@ -27,7 +27,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, check_norm_signal
+from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, as_token_counts, check_norm_signal
 from normrank.calibration import FEATURES, Feature, NormCalibrator
 from normrank.errors import InvalidArgumentError, UnitNormError
 
@@ -269,14 +269,17 @@ def rescore(
     if query.shape[0] != 1:
         raise InvalidArgumentError(f"expected one query vector, got {query.shape[0]}")
     docs = as_matrix(doc_vectors, query.shape[1])
-    counts = np.asarray(doc_token_counts, dtype=np.int64).ravel()
+    counts = as_token_counts(doc_token_counts)  # as the stores read them: 7.9 and True are refused, not cut
     if counts.size != docs.shape[0]:
         raise InvalidArgumentError(f"{counts.size} token counts for {docs.shape[0]} documents")
     names = [str(i) for i in range(docs.shape[0])] if ids is None else list(ids)
     if len(names) != docs.shape[0]:
         raise InvalidArgumentError(f"{len(names)} ids for {docs.shape[0]} documents")
     norms = np.linalg.norm(docs.astype(np.float64), axis=1)
-    if norms.size >= 2 or abs(float(norms[0]) - 1.0) < UNIT_NORM_TOLERANCE:
+    # refuse unit-length vectors (hosted APIs, stock pipelines) only, as the stores do against a calibrated
+    # corpus: equal norms are duplicates (the stores accept a text added twice), and with no corpus
+    # calibration, candidates of one norm get a zero feature from their own calibration
+    if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
         check_norm_signal(norms)
     cal = calibrator if calibrator is not None else NormCalibrator(min_per_bin=CANDIDATE_MIN_PER_BIN).fit(norms, counts)
     g = weights.shape(cal.transform(norms, counts, weights.feature))

@@ -118,6 +118,8 @@ def test_all_zero_vectors(store, encoder, two):
     refused(store, lambda: store.add_vectors(vecs, counts, ids=["v0", "v1"]),
             InvalidVectorError, r"all-zero vectors have no direction and no norm \(rows \[0\]\)")
     refused(store, lambda: store.search(np.zeros(384, dtype=np.float32), 3), InvalidVectorError, "all-zero")
+    tiny = np.full(384, 1e-21, dtype=np.float32)  # not zero: named for what it is
+    refused(store, lambda: store.search(tiny, 3), InvalidVectorError, r"norm of at most 1e-12 are too small")
 
 
 @pytest.mark.parametrize("kind", ["complex", "bool", "str", "object"])

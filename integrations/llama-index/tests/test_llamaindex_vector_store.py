@@ -802,6 +802,31 @@ def test_deleting_the_index_nodes_leaves_the_text_nodes_retrievable(encoder, emb
     assert store.query(q).ids == []
 
 
+def test_metadata_too_big_as_stored_is_refused_by_node_id(encoder, embed):
+    """LlamaIndex stores a node's metadata again inside _node_content, and once more per related node: 300 KB
+    of metadata on a split document was refused as "metadata 1 is larger than 1,000,000 bytes" (a batch
+    position). The error names the node and why; nothing of the batch is stored; the same metadata on
+    nodes without relationships is stored."""
+    from llama_index.core import Document
+    from llama_index.core.node_parser import SentenceSplitter
+
+    from normrank.errors import InvalidMetadataError
+
+    doc = Document(text="Stars fuse hydrogen into helium in their cores. " * 40, id_="doc",
+                   metadata={"raw_html": "x" * 300_000},
+                   excluded_embed_metadata_keys=["raw_html"], excluded_llm_metadata_keys=["raw_html"])
+    nodes = SentenceSplitter(chunk_size=128, chunk_overlap=0).get_nodes_from_documents([doc])
+    for n in nodes:
+        n.embedding = embed.get_text_embedding(n.get_content(metadata_mode=MetadataMode.EMBED))
+    store = NormRankVectorStore(encoder=encoder)
+    with pytest.raises(InvalidMetadataError, match=r"node '.+' as LlamaIndex stores it .*source, previous, next"):
+        store.add(nodes)
+    assert len(store.index) == 0
+    plain = [TextNode(text=n.get_content(), id_=f"p{i}", metadata={"raw_html": "x" * 300_000},
+                      embedding=n.embedding) for i, n in enumerate(nodes[:2])]
+    assert store.add(plain) == ["p0", "p1"]
+
+
 def test_an_index_whose_model_folder_moved_still_answers_vector_queries(tmp_path, demo_texts):
     """With its model folder gone, an index opens with a MissingModelEncoder. LlamaIndex sends a query's
     embedding with its text, and the store counted the text's tokens with the index's encoder even for a

@@ -379,13 +379,18 @@ class NormRankVectorStore(BasePydanticVectorStore):
                 n = n.model_copy(update={"metadata": metadata})
             check_reserved(n.metadata, f"node {n.node_id!r}")
             # Checked here, by node id: LlamaIndex's JSON of the node turns NaN into null before the index
-            # sees it (stored as None, in silence), and the metadata is stored twice (the keys and inside
-            # _node_content), so half the index's limit is what a node's metadata can hold.
-            check_metadata(n.metadata, f"node {n.node_id!r} metadata", max_bytes=MAX_METADATA_BYTES // 2)
+            # sees it (stored as None, in silence)
+            check_metadata(n.metadata, f"node {n.node_id!r} metadata")
             embed_text = n.get_content(metadata_mode=MetadataMode.EMBED)
             if not embed_text.strip():
                 raise EmptyTextError(f"node {n.node_id!r} has no text: it has no meaning to embed or rank")
             meta = node_to_metadata_dict(n, remove_text=True, flat_metadata=False)
+            # ... and what is stored, also by node id: LlamaIndex repeats the metadata inside _node_content,
+            # and there once more per relationship (a split document's source, previous and next node), so
+            # 300 KB of metadata was refused as "metadata 1 is larger than 1,000,000 bytes"
+            check_metadata(meta, f"node {n.node_id!r} as LlamaIndex stores it (its metadata, again inside "
+                           "_node_content, and there once more for each related node: source, previous, next)",
+                           max_bytes=MAX_METADATA_BYTES)
             meta[NODE_ID_KEY] = n.node_id
             ids.append(n.node_id)
             texts.append(check_text(n.get_content(metadata_mode=MetadataMode.NONE), f"node {n.node_id!r} text"))
