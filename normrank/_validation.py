@@ -145,13 +145,22 @@ def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:
     return value if type(value) is str else str.__str__(value)
 
 
+def _numpy_scalar(value: Any) -> Any:
+    """NumPy's bool, integer and float scalars (what pandas rows and array elements are) as the Python
+    values they hold; they were refused ("metadata 0['v'] is a bool" for ``np.True_``)."""
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
+
+
 def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = True,
                    max_depth: int = MAX_METADATA_DEPTH, max_bytes: int = MAX_METADATA_BYTES,
                    jsonb: bool = False) -> dict[str, Any]:
     """Validate one metadata dict and return a deep copy of it through JSON.
 
     Accepted: dicts with string keys (int, float, bool and None keys become strings, as JSON
-    does) and values that are str, int, finite float, bool, None, list, tuple or dict, nested at
+    does) and values that are str, int, finite float, bool, None, list, tuple or dict (NumPy's bool,
+    integer and float scalars become the Python values they hold), nested at
     most ``max_depth`` deep and at most ``max_bytes`` as UTF-8 JSON. Strings (keys and values)
     pass :func:`check_text`. The walk is iterative, so hostile nesting cannot overflow the stack.
 
@@ -170,9 +179,10 @@ def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = T
         if isinstance(value, str):
             check_text(value, path, allow_nul=allow_nul)
             budget -= len(value)
-        elif isinstance(value, bool) or value is None or isinstance(value, int):
+        elif isinstance(value, (bool, int, np.bool_, np.integer)) or value is None:
             budget -= 8
-        elif isinstance(value, float):
+        elif isinstance(value, (float, np.floating)):
+            value = float(value)  # NumPy's float32 (not a float subclass) as the number it holds
             if not math.isfinite(value):
                 raise InvalidMetadataError(f"{path} is {value}; metadata numbers must be finite (JSON has no NaN "
                                            "or infinity)")
@@ -203,7 +213,7 @@ def check_metadata(metadata: Any, what: str = "metadata", *, allow_nul: bool = T
         if budget < 0:
             break
     try:
-        text = json.dumps(dict(metadata), ensure_ascii=False, allow_nan=False)
+        text = json.dumps(dict(metadata), ensure_ascii=False, allow_nan=False, default=_numpy_scalar)
     except (TypeError, ValueError) as exc:  # pragma: no cover - the walk above refuses these first
         raise InvalidMetadataError(f"{what} is not JSON-serialisable: {exc}") from exc
     size = len(text.encode("utf-8")) if budget >= 0 else -1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from normrank import NormIndex, UnitNormError, Weights
-from normrank.errors import DimensionMismatchError, InvalidVectorError
+from normrank.errors import DimensionMismatchError, InvalidMetadataError, InvalidVectorError
 from normrank.scoring import blend
 
 from .conftest import synthetic
@@ -234,3 +234,23 @@ def test_multiplicative_weights_past_two_find_the_document_pointing_away(a):
         assert hits == index.search_batch([q], k)[0]
     if a == 3.0:  # the case the old bound missed: d0 (cosine -1) is among the best three
         assert "d0" in [h.id for h in index.search(q, 3)]
+
+
+def test_numpy_scalars_in_metadata_are_stored_as_the_python_values_they_hold(tmp_path):
+    """pandas rows and array elements give NumPy scalars: np.int64 and np.True_ were refused ("is a bool"),
+    np.float32 too. They are stored as the ints, bools and floats they hold: what get, filters and a
+    reload give back are plain Python values."""
+    vecs, counts = synthetic(40, dim=16, seed=2)
+    index = NormIndex(dim=16)
+    metas = [{"year": np.int64(2000 + i), "ok": np.bool_(i % 2 == 0), "w": np.float32(0.5),
+              "tags": [np.uint8(i), {"deep": np.False_}]} for i in range(40)]
+    index.add_vectors(vecs, counts, ids=[f"m{i}" for i in range(40)], metadatas=metas)
+    got = index.get(["m3"])[0].metadata
+    assert got == {"year": 2003, "ok": False, "w": 0.5, "tags": [3, {"deep": False}]}
+    assert type(got["year"]) is int and type(got["ok"]) is bool and type(got["w"]) is float
+    assert {h.id for h in index.search(vecs[0], 40, filter={"ok": True})} == {f"m{i}" for i in range(0, 40, 2)}
+    index.save(tmp_path / "np")
+    assert NormIndex.load(tmp_path / "np").get(["m3"])[0].metadata == got
+    with pytest.raises(InvalidMetadataError, match="must be finite"):
+        index.add_vectors(vecs[:1], counts[:1], ids=["bad"], metadatas=[{"w": np.float32("nan")}])
+    assert "bad" not in index
