@@ -77,6 +77,7 @@ from normrank.errors import (
 )
 from normrank.filters import check_filter
 from normrank.index_base import held_documents, search_up_to, upsert_vectors
+from normrank.mmr import check_lambda, mmr_select
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
 
@@ -481,10 +482,7 @@ class NormRankVectorStore(VectorStore):
         """
         k = check_k(k)
         fetch_k = check_k(fetch_k, "fetch_k")
-        if (isinstance(lambda_mult, (bool, np.bool_)) or not isinstance(lambda_mult, (int, float, np.integer, np.floating))
-                or not 0 <= lambda_mult <= 1):  # NumPy numbers too, as InMemoryVectorStore takes them (k as well)
-            raise InvalidArgumentError(f"lambda_mult must be a number in [0, 1], got {lambda_mult!r}")
-        lambda_mult = float(lambda_mult)
+        lambda_mult = check_lambda(lambda_mult)
         vec, flt = self._door(query, vector, k, flt)
         if len(self.index) == 0:
             return self._empty_result()
@@ -496,19 +494,8 @@ class NormRankVectorStore(VectorStore):
             hits = self._hits(q, max(k, fetch_k), flt, count)
             if len(hits) <= 1:
                 return hits[:k]
-            raw = np.asarray(self.index.vectors([h.id for h in hits]), dtype=np.float64)
-        unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
-        sims = unit @ unit.T
-        relevance = np.array([h.score for h in hits])
-        chosen = [0]
-        redundancy = sims[0].copy()
-        while len(chosen) < min(k, len(hits)):
-            marginal = lambda_mult * relevance - (1.0 - lambda_mult) * redundancy
-            marginal[chosen] = -np.inf
-            best = int(np.argmax(marginal))  # ties: the better-ranked document
-            chosen.append(best)
-            redundancy = np.maximum(redundancy, sims[best])
-        return [hits[i] for i in chosen]
+            raw = self.index.vectors([h.id for h in hits])
+        return mmr_select(hits, raw, k, lambda_mult)
 
     def max_marginal_relevance_search(self, query: str, k: int = 4, fetch_k: int = 20, lambda_mult: float = 0.5,
                                       *, filter: Any = None, **kwargs: Any) -> list[Document]:

@@ -234,11 +234,50 @@ def test_query_by_text_alone_equals_query_by_embedding(built, embed):
         store.query(VectorStoreQuery(similarity_top_k=3))
     with pytest.raises(InvalidArgumentError, match="similarity_top_k"):
         store.query(VectorStoreQuery(query_str=q, similarity_top_k=0))
-    with pytest.raises(InvalidArgumentError, match="mode"):
-        store.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.MMR))
+    with pytest.raises(InvalidArgumentError, match="default .* and mmr query modes"):
+        store.query(VectorStoreQuery(query_str=q, mode=VectorStoreQueryMode.SPARSE))
     # more than stored: everything, still in blended order
     res = store.query(VectorStoreQuery(query_str=q, similarity_top_k=500))
     assert len(res.ids) == len(store.index) and res.similarities == sorted(res.similarities, reverse=True)
+
+
+def test_mmr_mode_picks_what_the_langchain_store_picks(encoder, embed, demo_texts):
+    """``vector_store_query_mode="mmr"`` was refused. It picks among the blended top ``similarity_top_k *
+    mmr_prefetch_factor`` (or ``mmr_prefetch_k``) for ``mmr_threshold`` (LangChain's ``lambda_mult``): the same
+    nodes as the LangChain store's MMR with the same settings; threshold 1 keeps the blended order; a
+    duplicate passage is skipped for diversity; bad settings are named."""
+    from langchain_normrank import NormRankVectorStore as LangChainStore
+
+    from normrank.mmr import mmr_select  # noqa: F401  (the shared selection both stores call)
+
+    texts = list(demo_texts[:20]) + [demo_texts[0]]  # a duplicate of the best match for the query below
+    ids = [f"n{i}" for i in range(len(texts))]
+    store = NormRankVectorStore(encoder=encoder, weights=Weights(a=0.05))
+    vindex = VectorStoreIndex([TextNode(text=t, id_=i) for t, i in zip(texts, ids)], embed_model=embed,
+                              storage_context=StorageContext.from_defaults(vector_store=store))
+    lc = LangChainStore(index=store.index)
+    q = demo_texts[0][:60]
+    plain = [n.node.node_id for n in vindex.as_retriever(similarity_top_k=4).retrieve(q)]
+    for threshold, factor in ((0.5, 4), (0.2, 2), (1.0, 4)):
+        mmr = vindex.as_retriever(similarity_top_k=4, vector_store_query_mode="mmr",
+                                  vector_store_kwargs={"mmr_threshold": threshold, "mmr_prefetch_factor": factor})
+        got = [n.node.node_id for n in mmr.retrieve(q)]
+        want = [d.id for d in lc.max_marginal_relevance_search(q, k=4, fetch_k=4 * factor, lambda_mult=threshold)]
+        assert got == want
+        if threshold == 1.0:
+            assert got == plain
+        else:
+            assert not {"n0", "n20"} <= set(got)  # the duplicate is redundant
+    prefetch = vindex.as_retriever(similarity_top_k=3, vector_store_query_mode="mmr",
+                                   vector_store_kwargs={"mmr_prefetch_k": 5})
+    assert [n.node.node_id for n in prefetch.retrieve(q)] == [
+        d.id for d in lc.max_marginal_relevance_search(q, k=3, fetch_k=5, lambda_mult=0.5)]
+    for bad, words in (({"mmr_threshold": 1.5}, "mmr_threshold must be a number in"),
+                       ({"mmr_prefetch_k": 0}, "mmr_prefetch_k must be a positive integer"),
+                       ({"mmr_prefetch_factor": 0.5}, "mmr_prefetch_factor must be a number from 1"),
+                       ({"mmr_typo": 1}, "mmr_typo")):
+        with pytest.raises(InvalidArgumentError, match=words):
+            store.query(VectorStoreQuery(query_str=q, similarity_top_k=3, mode=VectorStoreQueryMode.MMR), **bad)
 
 
 def test_query_conditioned_weight_gets_the_query_token_count(encoder, embed, docs, vectors, demo_encoded):

@@ -76,6 +76,7 @@ from normrank.errors import (
     UnknownIdError,
 )
 from normrank.index_base import held_documents, search_up_to, upsert_vectors
+from normrank.mmr import check_lambda, mmr_select
 from normrank.scoring import Hit
 from normrank.store import NormIndex, Record, SearchableIndex
 
@@ -523,13 +524,13 @@ class NormRankVectorStore(BasePydanticVectorStore):
         Ranks by ``query_embedding`` (a raw vector from ``NormRankEmbedding``; ``query_str`` then only
         gives the token count the query-conditioned weight needs), or by ``query_str`` encoded with the
         index's encoder when no embedding is given. ``similarities`` are the blended scores.
+        ``VectorStoreQueryMode.MMR`` picks among the blended top few for diversity as well (``mmr_threshold``,
+        ``mmr_prefetch_k``, ``mmr_prefetch_factor`` in ``kwargs``; see :func:`_mmr_settings`).
         """
-        _no_kwargs("query", kwargs)
         if not isinstance(query, VectorStoreQuery):
             raise InvalidArgumentError(f"query must be a VectorStoreQuery, got {type(query).__name__}")
-        if query.mode != VectorStoreQueryMode.DEFAULT:
-            raise InvalidArgumentError(
-                f"NormRankVectorStore serves the default (dense, blended) query mode, not {query.mode!r}")
+        mmr = _mmr_settings(query, kwargs)
+        _no_kwargs("query", kwargs)
         k = query.similarity_top_k
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k <= 0:
             raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
@@ -554,8 +555,11 @@ class NormRankVectorStore(BasePydanticVectorStore):
             vecs, counts = encoder.encode_with_counts([text])
             vector, count = vecs[0], int(counts[0])
         with self._lock:  # k clamped to what the index holds when it searches (another handle may delete)
-            hits = search_up_to(self._index, vector, int(k), self._empty_hits, filter=predicate,
+            fetch = int(k) if mmr is None else max(int(k), mmr[1] or int(np.ceil(int(k) * mmr[2])))
+            hits = search_up_to(self._index, vector, fetch, self._empty_hits, filter=predicate,
                                 query_token_count=count, count_text=text if has_text and count is None else None)
+            if mmr is not None and len(hits) > 1:
+                hits = mmr_select(hits, self._index.vectors([h.id for h in hits]), int(k), mmr[0])
         return _result(hits)
 
     def _is_nodes_dict(self, node_ids: Sequence[str] | None) -> bool:
@@ -633,6 +637,33 @@ class NormRankVectorStore(BasePydanticVectorStore):
         """Load the store ``StorageContext.persist(persist_dir)`` saved (namespace ``default``)."""
         path = Path(persist_dir) / f"{namespace}{_NAMESPACE_SEP}{DEFAULT_PERSIST_FNAME}"
         return cls.from_persist_path(path, fs, encoder=encoder, allow_empty=allow_empty)
+
+
+def _mmr_settings(query: VectorStoreQuery, kwargs: dict[str, Any]) -> tuple[float, int | None, float] | None:
+    """``None`` for the default mode; for ``mmr``, (``mmr_threshold``, ``mmr_prefetch_k``,
+    ``mmr_prefetch_factor``) taken out of ``kwargs`` (``vector_store_kwargs`` of a retriever).
+
+    MMR picks ``similarity_top_k`` nodes among the blended top ``mmr_prefetch_k`` (else ``similarity_top_k``
+    times ``mmr_prefetch_factor``, 4 by default, as LlamaIndex's Qdrant store does) for
+    ``threshold * blended score - (1 - threshold) * the largest cosine to a node already picked``;
+    ``mmr_threshold`` defaults to 0.5 as in ``SimpleVectorStore``, and 1 keeps the blended order.
+    """
+    if query.mode == VectorStoreQueryMode.DEFAULT:
+        return None
+    if query.mode != VectorStoreQueryMode.MMR:
+        raise InvalidArgumentError(f"NormRankVectorStore serves the default (dense, blended) and mmr query "
+                                   f"modes, not {query.mode!r}")
+    threshold = kwargs.pop("mmr_threshold", None)
+    prefetch_k = kwargs.pop("mmr_prefetch_k", None)
+    factor = kwargs.pop("mmr_prefetch_factor", None)
+    if prefetch_k is not None and (isinstance(prefetch_k, bool) or not isinstance(prefetch_k, (int, np.integer))
+                                   or prefetch_k <= 0):
+        raise InvalidArgumentError(f"mmr_prefetch_k must be a positive integer, got {prefetch_k!r}")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating))
+                               or not 1 <= factor <= 1000):
+        raise InvalidArgumentError(f"mmr_prefetch_factor must be a number from 1 to 1000, got {factor!r}")
+    return (0.5 if threshold is None else check_lambda(threshold, "mmr_threshold"),
+            None if prefetch_k is None else int(prefetch_k), 4.0 if factor is None else float(factor))
 
 
 def _to_node(node_id: str, text: str | None, metadata: Mapping[str, Any]) -> BaseNode:
