@@ -320,14 +320,16 @@ def single_steps(flat: Any, idx: NormIndex, qunit: np.ndarray, qraw: np.ndarray,
     faiss.omp_set_num_threads(1)
     limits = _blas_limits(1)
     try:
-        inner, labels = idx._flat_parts()
+        inner, _ = idx._flat_parts()
         qa = augmented_queries(idx, qunit[: len(qraw)])
         found = [inner.search(qa[i:i + 1], 10) for i in range(len(qraw))]
         m = len(qraw)
         fns = {
             "faiss_384_scan": lambda: [flat.search(qunit[i:i + 1], 10) for i in range(m)],
             "normrank_scan": lambda: [inner.search(qa[i:i + 1], 10) for i in range(m)],
-            "normrank_hits": lambda: [idx._hits(labels[found[i][1][0]], found[i][0][0], WEIGHTS.a) for i in range(m)],
+            # what the single path does after the scan: FAISS's result rows as lists, hits from the columns
+            "normrank_hits": lambda: [idx._additive_hits(found[i][1][0].tolist(), found[i][0][0].tolist(), WEIGHTS.a)
+                                      for i in range(m)],
             "normrank_search": lambda: [idx.search(qraw[i], 10) for i in range(m)],
         }
         times = interleaved(fns, max(reps, 5))
