@@ -7,6 +7,7 @@ cache folder (``$XDG_CACHE_HOME/normrank``, default ``~/.cache/normrank``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -48,14 +49,24 @@ def encode_cached(encoder: RawEncoder, texts: Sequence[str], *, show_progress: b
                 vecs, counts = data["vectors"], data["token_counts"]
             if vecs.shape[0] == len(texts):
                 return vecs, counts
-        except (OSError, ValueError, KeyError):
-            logger.warning("ignoring unreadable cache file %s", path)
+        except Exception as exc:  # noqa: BLE001 - a cache entry is never worth failing over
+            # a truncated or emptied file raises BadZipFile or EOFError, which every later run hit: encode
+            # again and write the entry anew
+            logger.warning("ignoring unreadable cache file %s (%s: %s); encoding again", path,
+                           type(exc).__name__, exc)
     vecs, counts = encoder.encode_with_counts(texts, show_progress=show_progress)
+    tmp_name: str | None = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, suffix=".npz", delete=False) as tmp:
+            tmp_name = tmp.name
             np.savez(tmp, vectors=vecs, token_counts=counts)
-        os.replace(tmp.name, path)
+            tmp.flush()
+            os.fsync(tmp.fileno())  # renamed only once on disk: a power loss leaves no empty entry
+        os.replace(tmp_name, path)
     except OSError as exc:
         logger.warning("could not write the encoding cache at %s: %s", folder, exc)
+        if tmp_name is not None:  # a full disk left the part written: do not keep it filling the disk
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
     return vecs, counts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -349,6 +350,7 @@ def _searched_index(args: argparse.Namespace) -> Any:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Search a saved index and explain every hit; ``--a/--b/--mode/--feature`` try a blend."""
+    from normrank.encoders import check_texts
     from normrank.errors import InvalidArgumentError
     from normrank.scoring import Weights
 
@@ -365,8 +367,13 @@ def cmd_search(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("--b needs a query calibration, which this index has not got yet: run "
                                        "`normrank fit` on labelled queries first, or use --a alone")
     k = min(args.k, len(index))
-    # Grouping keeps the best k sources: fetch deeper so that k groups exist when a source has many chunks.
-    hits = index.search(args.query, min(len(index), k * 10) if args.group_by else k)
+    if k == 0:  # a saved index whose documents were all deleted answers [], as the framework stores do
+        print(f"note: the index at {args.index} holds no document (every one was deleted)", file=sys.stderr)
+        check_texts([args.query])  # a query the search would refuse (blank, a lone surrogate) is still named
+        hits = []
+    else:
+        # Grouping keeps the best k sources: fetch deeper so that k groups exist when a source has many chunks.
+        hits = index.search(args.query, min(len(index), k * 10) if args.group_by else k)
     groups = _group(hits, args.group_by, k) if args.group_by else None
     if groups is not None:
         if hits and not any(args.group_by in h.metadata for h in hits):  # most likely a typo in the key
@@ -469,7 +476,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if empty:
         raise DatasetError(f"{len(empty)} judged queries have empty text, e.g. {empty[:3]}")
     report = index.fit(queries, qrels, missing_ok=missing, **kwargs)
-    index.save(args.index)
+    index.save(args.index, if_unchanged=True)  # a re-index saved meanwhile stands: the fit is refused
     if args.json:
         print(json.dumps(report.to_dict()))
         return 0
@@ -497,7 +504,7 @@ def cmd_recalibrate(args: argparse.Namespace) -> int:
     index = NormIndex.load(args.index)
     before = analyze_index(index, top=1).spearman_feature_length
     index.recalibrate()
-    index.save(args.index)
+    index.save(args.index, if_unchanged=True)
     after = analyze_index(index, top=1).spearman_feature_length
     print(f"recalibrated {len(index)} documents in {args.index}: Spearman(calibrated feature, token count) "
           f"{before:+.3f} -> {after:+.3f}")
@@ -696,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "5-fold CV), and reports nDCG@10 and Recall@100 on the evaluated queries, which "
                        "are never used for fitting, with a paired t-test against cosine.")
     p.add_argument("beir_dir", metavar="BEIR_DIR", help="folder with corpus.jsonl[.gz], queries.jsonl, qrels/")
-    p.add_argument("--split", help="qrels split to evaluate (default: test)")
+    p.add_argument("--split", help="qrels split to evaluate (default: test, or the only split the folder has)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--train-split", help="fit on this qrels split")
     g.add_argument("--folds", type=_positive_int, help="fit by k-fold cross-validation on the evaluated split")
@@ -774,6 +781,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = _progress_lines(args)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `normrank search ... | head -1`: the reader has what it wanted; stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 0
     except KeyboardInterrupt:
         print(f"normrank {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -73,7 +73,8 @@ def _kind(value: object) -> str:
 
 
 def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
-    """``(line number, row)`` for every non-blank line of a .jsonl or .jsonl.gz file.
+    """``(line number, row)`` for every non-blank line of a .jsonl or .jsonl.gz file (a UTF-8 byte order
+    mark at its start is skipped).
 
     Raises
     ------
@@ -85,8 +86,8 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[tuple[int, dict]]:
     no = 0
     try:
         for no, raw in enumerate(_open(path), 1):
-            try:
-                line = raw.decode("utf-8")
+            try:  # a byte order mark (Windows tools write one) is skipped, as the qrels reader skips it
+                line = raw.decode("utf-8-sig" if no == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise DatasetError(f"{path}:{no} is not UTF-8 text ({exc.reason} at byte {exc.start} of the "
                                    "line)") from exc

@@ -18,7 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from normrank._validation import (  # noqa: F401  (MAX_TOKEN_COUNT, _as_counts: re-exported where they were)
+from normrank._validation import (
     FLOAT32_MAX,
     MAX_TOKEN_COUNT,
     UNIT_NORM_TOLERANCE,

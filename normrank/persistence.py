@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from normrank.errors import IndexFormatError, PersistenceError
+from normrank.errors import ConcurrentUpdateError, IndexFormatError, PersistenceError
 
 logger = logging.getLogger(__name__)
 
@@ -237,14 +237,29 @@ def _write_marker(path: Path, content: dict[str, Any]) -> None:
         fh.write(json.dumps(content) + "\n")
 
 
+#: ``write_versioned(if_current=...)``'s default: publish whatever ``current`` names meanwhile.
+ANY_VERSION: Any = object()
+
+
+def current_version(root: str | os.PathLike[str]) -> str | None:
+    """The version folder ``current`` names in ``root`` (``None``: nothing published, or not a link)."""
+    link = Path(root) / CURRENT
+    return os.readlink(link) if link.is_symlink() else None
+
+
 def write_versioned(
     root: str | os.PathLike[str],
     write_files: Callable[[Path], None],
     manifest_extra: dict[str, Any],
     *,
     pieces: Iterable[str] = (),
+    if_current: Any = ANY_VERSION,
 ) -> Path:
     """Write a new version under ``root`` with ``write_files(folder)`` and publish it atomically.
+
+    ``if_current``: publish only if ``current`` still names this version folder (``None``: nothing
+    published yet), checked under the folder's lock; otherwise raise ``ConcurrentUpdateError`` and write
+    nothing. It turns "load, change, save" into a compare-and-swap across processes.
 
     The files named in ``pieces`` (the big ones a load reads) also get piece checksums
     (:func:`piece_table`), which a load checks on every thread it has free.
@@ -276,6 +291,11 @@ def write_versioned(
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root, exclusive=True):
             _check_owned(root)  # another process may have written into it since the first check
+            if if_current is not ANY_VERSION and current_version(root) != if_current:
+                raise ConcurrentUpdateError(
+                    f"the index at {root} changed since it was loaded (another process saved "
+                    f"{current_version(root) or 'into it'}): nothing was saved, so that change stands; load the "
+                    "index again and redo this one")
             # Without the marker the ownership check passed on names alone: every v-<hex> folder is ours.
             legacy = not (root / MARKER).is_file()
             if legacy:
@@ -304,7 +324,7 @@ def write_versioned(
                 if link is not None and os.path.lexists(link):  # not published: no link left behind
                     with contextlib.suppress(OSError):
                         os.unlink(link)
-                shutil.rmtree(version, ignore_errors=True)
+                remove_version(version)
                 raise
             _fsync_dir(root)
             _stage("published")
@@ -355,6 +375,35 @@ def _owned_version(p: Path) -> bool:
         return False
 
 
+def remove_version(version: Path) -> None:
+    """Delete a version folder normrank wrote, its marker and manifest last.
+
+    Why not ``rmtree``: it deletes in directory order, and a save killed (or interrupted) in the middle of
+    sweeping an old version could take the marker and the manifest first. What was left was no longer
+    recognisable as normrank's (:func:`_owned_version`), so no later save swept it: a half-deleted copy of
+    an index sat in the folder for good. Now any interruption leaves the marker, or an empty folder.
+    """
+    last = (MANIFEST, VERSION_MARKER)
+    try:
+        for child in list(version.iterdir()):
+            if child.name in last:
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    child.unlink()
+        if any(child.name not in last for child in version.iterdir()):
+            return  # something would not go: keep the marks, so a later save tries again
+    except OSError:
+        return
+    for name in last:
+        with contextlib.suppress(OSError):
+            (version / name).unlink()
+    with contextlib.suppress(OSError):
+        version.rmdir()
+
+
 def _remove_stale(root: Path, keep: str, every_version: bool = False) -> None:
     """Remove superseded and half-written versions normrank wrote; safe because the caller holds the lock.
 
@@ -366,7 +415,7 @@ def _remove_stale(root: Path, keep: str, every_version: bool = False) -> None:
             continue
         if _owned_version(p) or (every_version and _VERSION_NAME.fullmatch(p.name) and p.is_dir()
                                  and not p.is_symlink()):
-            shutil.rmtree(p, ignore_errors=True)
+            remove_version(p)
         elif _LINK_NAME.fullmatch(p.name) and p.is_symlink():
             p.unlink(missing_ok=True)
 

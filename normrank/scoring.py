@@ -27,7 +27,12 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE, as_matrix, as_token_counts, check_norm_signal
+from normrank._validation import (
+    UNIT_NORM_TOLERANCE,
+    as_matrix,
+    as_token_counts,
+    check_norm_signal,
+)
 from normrank.calibration import FEATURES, Feature, NormCalibrator
 from normrank.errors import InvalidArgumentError, UnitNormError
 

@@ -32,7 +32,9 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
     """(ids, texts, metadatas, skipped ids) from a BEIR folder, a .jsonl[.gz] file or a folder of .txt/.md.
 
     A file's id is its path relative to the folder (``/`` separators); its metadata holds that path
-    as ``path`` (chunking adds ``source``). Empty documents are skipped and returned by id.
+    as ``path`` (chunking adds ``source``). Files in hidden folders and hidden files (a name starting
+    with ``.``) are left out. Empty documents are skipped and returned by id. A row with a title and no
+    text is its title, as :func:`~normrank.datasets.load_beir` reads it.
 
     Raises
     ------
@@ -48,7 +50,9 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
         if corpus is not None:
             rows = _jsonl_rows(iter_jsonl(corpus), corpus)
         else:
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            # hidden files and folders (.git, .venv, editor backups) are not the user's documents
+            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
+                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
             if not files:
                 raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
             for f in files:
@@ -91,7 +95,8 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, 
     out = []
     first: dict[str, int] = {}
     for no, row in rows:
-        if not isinstance(row, dict) or "text" not in row:
+        if not isinstance(row, dict) or ("text" not in row and "title" not in row):
+            # a title alone is the document, as load_beir reads it (eval took such a folder, index refused it)
             raise DatasetError(f"{path}:{no} has no 'text' field (expected _id, title, text)")
         key = "_id" if "_id" in row else "id" if "id" in row else None
         did = _row_id(row, path, no, key) if key is not None else str(no)

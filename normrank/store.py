@@ -74,12 +74,21 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     query_calibration,
 )
 from normrank.persistence import (
+    ANY_VERSION,
     open_nofollow,
     reading_deferred,
     release_free_heap,
     write_versioned,
 )
-from normrank.scoring import Hit, HitArrays, Weights, blend, doc_column, multiplicative_bound, query_column
+from normrank.scoring import (
+    Hit,
+    HitArrays,
+    Weights,
+    blend,
+    doc_column,
+    multiplicative_bound,
+    query_column,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -211,6 +220,7 @@ class NormIndex(BlendIndexBase):
         self._query_buf: tuple[Any, ...] | None = None  # see _single_query_buffers
         self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
         self._labels_view: memoryview | None = None  # _labels read without NumPy (see _additive_hits)
+        self._origin: tuple[str, str] | None = None  # (folder, version) loaded from or last saved: save(if_unchanged)
         self._lock = threading.RLock()
 
     @property
@@ -970,8 +980,17 @@ class NormIndex(BlendIndexBase):
         return fit_index(self, queries, qrels, **kwargs)
 
     # ------------------------------------------------------------ persistence
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Save atomically (FAISS file + JSON + NumPy, never pickle); returns the version folder."""
+    def save(self, path: str | os.PathLike[str], *, if_unchanged: bool = False) -> Path:
+        """Save atomically (FAISS file + JSON + NumPy, never pickle); returns the version folder.
+
+        ``if_unchanged``: save only if ``path`` still holds the version this index was loaded from or last
+        saved to (an index never saved there: only if nothing is published there); otherwise raise
+        :class:`~normrank.errors.ConcurrentUpdateError` and write nothing. For "load, change, save" while
+        other processes may save into the same folder: `normrank fit` run beside a `normrank index` into
+        the folder saved the old documents back over the new ones, and both reported success.
+        """
+        if not isinstance(if_unchanged, bool):
+            raise InvalidArgumentError(f"if_unchanged must be True or False, got {if_unchanged!r}")
         with self._lock:
             if self._index is None:
                 self._start_empty()
@@ -1012,9 +1031,15 @@ class NormIndex(BlendIndexBase):
                     "encoder": self._encoder.describe() if self._encoder is not None else None,
                 }, indent=2))
 
-            return write_versioned(path, write, {"format_version": FORMAT_VERSION, "dim": self._dim,
-                                                 "count": int(live.size), "kind": "normrank.NormIndex"},
-                                   pieces=_BIG_FILES)
+            root = str(Path(path).resolve())
+            expected: Any = ANY_VERSION
+            if if_unchanged:
+                expected = self._origin[1] if self._origin is not None and self._origin[0] == root else None
+            version = write_versioned(path, write, {"format_version": FORMAT_VERSION, "dim": self._dim,
+                                                    "count": int(live.size), "kind": "normrank.NormIndex"},
+                                      pieces=_BIG_FILES, if_current=expected)
+            self._origin = (root, version.name)
+            return version
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, encoder: RawEncoder | None = None) -> NormIndex:
@@ -1098,6 +1123,9 @@ class NormIndex(BlendIndexBase):
                                   if state["query_calibrator"] else None),
             )
             index._auto_calibrated = state["auto_calibrated"]
+            root = Path(path).resolve()
+            if folder.parent.resolve() == root and folder.name != "current":  # a copy without links: no version
+                index._origin = (str(root), folder.name)
             index._column_scale = float(state.get("column_scale", 1.0))  # indexes saved before the scale: 1
             index._tombstones = set(tombstones.tolist())
             index._index = faiss_index

@@ -285,3 +285,92 @@ def test_index_with_an_onnx_backend_and_search_reopens_with_it(corpus_file, tmp_
     err = capsys.readouterr().err.strip()
     assert "CPU" in err and "--backend onnx" in err and len(err.splitlines()) == 1
     assert main(["index", str(corpus_file), "--out", str(tmp_path / "y"), "--backend", "tpu"]) == 2
+
+
+# ------------------------------------------------------------------ an operator's hunt
+def test_fit_refuses_to_save_over_a_reindex_made_while_it_ran(built, tmp_path, capsys, monkeypatch):
+    """`normrank fit` loads, fits, saves. A `normrank index` into the same folder while the fit ran was
+    silently undone (the fit saved the old documents back) and both exited 0. Now the fit names the
+    change and saves nothing; the re-index stands. A `recalibrate` is held to the same."""
+    folder = shutil.copytree(built, tmp_path / "copy", symlinks=True)
+    queries = _jsonl(tmp_path / "q.jsonl", [{"_id": str(i), "text": t} for i, t in enumerate(
+        ["mitochondrial genome", "how vaccines work", "lifetime of massive stars", "what is the sun"])])
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("0\tmito\t1\n1\tvacc\t1\n2\tstar\t1\n3\tsun\t1\n")
+    other = _jsonl(tmp_path / "other.jsonl", [{"_id": "x1", "text": "Rivers carve valleys over ages."},
+                                              {"_id": "x2", "text": "Glaciers move slowly downhill."}])
+    real_fit = NormIndex.fit
+
+    def fit_while_reindexed(self, *args, **kwargs):
+        report = real_fit(self, *args, **kwargs)
+        assert main(["index", str(other), "--out", str(folder), "--no-progress"]) == 0
+        return report
+
+    monkeypatch.setattr(NormIndex, "fit", fit_while_reindexed)
+    assert main(["fit", str(folder), "--queries", str(queries), "--qrels", str(qrels)]) == 1
+    assert "changed since it was loaded" in capsys.readouterr().err
+    assert sorted(NormIndex.load(folder).ids()) == ["x1", "x2"]
+    monkeypatch.setattr(NormIndex, "fit", real_fit)
+    real_recalibrate = NormIndex.recalibrate
+
+    def recalibrate_while_reindexed(self):
+        real_recalibrate(self)
+        assert main(["index", str(corpus_rows(tmp_path)), "--out", str(folder), "--no-progress"]) == 0
+
+    monkeypatch.setattr(NormIndex, "recalibrate", recalibrate_while_reindexed)
+    assert main(["recalibrate", str(folder)]) == 1
+    assert "changed since it was loaded" in capsys.readouterr().err
+    assert sorted(NormIndex.load(folder).ids()) == ["y1", "y2", "y3"]
+
+
+def corpus_rows(tmp_path):
+    return _jsonl(tmp_path / "three.jsonl", [{"_id": f"y{i}", "text": t} for i, t in enumerate(
+        ["Bees pollinate flowers.", "Whales sing across oceans.", "Volcanoes build islands."], 1)])
+
+
+def test_search_on_an_index_whose_documents_were_all_deleted_answers_nothing(built, tmp_path, capsys):
+    """It said "k must be a positive integer, got 0" although no -k was given."""
+    index = NormIndex.load(built)
+    index.delete(index.ids())
+    index.save(tmp_path / "emptied")
+    assert main(["search", str(tmp_path / "emptied"), "wing", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["hits"] == [] and "holds no document" in captured.err
+    assert main(["search", str(tmp_path / "emptied"), "   "]) == 1  # a bad query is still named
+    assert "empty or whitespace only" in capsys.readouterr().err
+
+
+def test_jsonl_with_a_byte_order_mark_and_title_only_rows_and_hidden_files_index(tmp_path, capsys, encoder):
+    """Windows tools write a UTF-8 BOM: corpus.jsonl and queries.jsonl failed on it (the qrels reader and
+    YAML skipped it). A row with a title and no text is its title, as `eval` (load_beir) reads it. A
+    folder's hidden files (.git, editor backups) are not documents."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in [
+        {"_id": "a", "text": "Stars fuse hydrogen."}, {"_id": "b", "title": "Only a title here"}]).encode())
+    assert main(["index", str(bom), "--out", str(tmp_path / "i1"), "--no-progress"]) == 0
+    got = {r.id: r.text for r in NormIndex.load(tmp_path / "i1").get(["a", "b"])}
+    assert got == {"a": "Stars fuse hydrogen.", "b": "Only a title here"}
+    docs = tmp_path / "docs"
+    (docs / ".git").mkdir(parents=True)
+    (docs / "note.md").write_text("Rivers carve valleys.")
+    (docs / ".draft.md").write_text("A hidden draft.")
+    (docs / ".git" / "secret.txt").write_text("Not a document.")
+    assert main(["index", str(docs), "--out", str(tmp_path / "i2"), "--no-progress"]) == 0
+    assert {r.metadata["path"] for r in NormIndex.load(tmp_path / "i2").get(NormIndex.load(tmp_path / "i2").ids())} \
+        == {"note.md"}
+    capsys.readouterr()
+    no_text = _jsonl(tmp_path / "none.jsonl", [{"_id": "z"}])
+    assert main(["index", str(no_text), "--out", str(tmp_path / "i3"), "--no-progress"]) == 1
+    assert "has no 'text' field" in capsys.readouterr().err
+
+
+def test_output_into_a_closed_pipe_stops_quietly(built, tmp_path):
+    """`normrank search ... | head -1` printed "error: Broken pipe" and exited 1."""
+    import subprocess
+    import sys
+
+    cmd = (f"{sys.executable} -c 'import sys; from normrank.cli import main; sys.exit(main(sys.argv[1:]))' "
+           f"search {built} 'stars' -k 6 | head -1")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
+    assert done.stdout.count("\n") == 1 and done.stderr == ""
+    assert done.returncode == 0
