@@ -92,6 +92,13 @@ JSONB_FLOAT_LIMIT = float(2**53)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def check_not_unit_length(norms: np.ndarray) -> None:
+    """Refuse only unit-length vectors, not equal norms: against a corpus calibration a text added twice
+    (or candidates that are duplicates) is fine, while unit vectors carry no norm at all."""
+    if np.all(np.abs(np.asarray(norms, dtype=np.float64) - 1.0) < UNIT_NORM_TOLERANCE):
+        check_norm_signal(norms)
+
+
 def check_norm_signal(norms: np.ndarray) -> None:
     """Refuse unit-length or constant-norm vectors, which make every norm feature zero."""
     norms = np.asarray(norms, dtype=np.float64)

@@ -69,14 +69,9 @@ def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tu
             q_at, xb_at, row_bytes, w = addr(qb), addr(xb), 4 * d, d if width is None else width
             block_at, block_ptr = addr(block), faiss.swig_ptr(block)
             for j0 in range(0, n, step):
-                m = min(step, n - j0)
-                if m == step:
-                    by_address(rows, m, w, q_at, d, xb_at + j0 * row_bytes, d, block_at)
-                    heaps.addn(m, block_ptr, j0)
-                else:
-                    sims = np.empty((rows, m), dtype=np.float32)
-                    by_address(rows, m, w, q_at, d, xb_at + j0 * row_bytes, d, addr(sims))
-                    heaps.addn(m, faiss.swig_ptr(sims), j0)
+                m = min(step, n - j0)  # a shorter last block fills the front of the buffer, rows m wide
+                by_address(rows, m, w, q_at, d, xb_at + j0 * row_bytes, d, block_at)
+                heaps.addn(m, block_ptr, j0)
             heaps.reorder()
             continue
         for j0 in range(0, n, step):

@@ -25,6 +25,7 @@ from normrank._validation import (
     as_matrix,
     check_metadata,
     check_norm_signal,
+    check_not_unit_length,
     check_option,
     check_text,
     real_numbers,
@@ -305,7 +306,7 @@ class BlendIndexBase:
         # Rounded to float32, the precision a saved index keeps, so save/load changes no score.
         norms = np.linalg.norm(mat.astype(np.float64), axis=1).astype(np.float32).astype(np.float64)
         try:
-            check_norm_signal(norms) if empty else _check_unit(norms)
+            check_norm_signal(norms) if empty else check_not_unit_length(norms)
         except UnitNormError:
             # One text added several times has one norm without being normalised: like a single text,
             # only unit length is refused (the calibration is refitted as documents come, SMALL_CALIBRATION).
@@ -508,12 +509,6 @@ def _plain_vectors(queries: Sequence[Any], dim: int) -> bool:
     the per-row conversion builds."""
     shape = (dim,)
     return all(type(q) is np.ndarray and q.shape == shape and q.dtype.kind == "f" for q in queries)
-
-
-def _check_unit(norms: np.ndarray) -> None:
-    """Against a calibrated corpus refuse only unit-length batches: equal norms (a text added twice) are fine."""
-    if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
-        check_norm_signal(norms)
 
 
 def _as_metadatas(metadatas: Sequence[Mapping[str, Any]] | None, n: int, *,

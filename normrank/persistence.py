@@ -291,11 +291,11 @@ def write_versioned(
         root.mkdir(parents=True, exist_ok=True)
         with _locked(root, exclusive=True):
             _check_owned(root)  # another process may have written into it since the first check
-            if if_current is not ANY_VERSION and current_version(root) != if_current:
+            now = current_version(root)
+            if if_current is not ANY_VERSION and now != if_current:
                 raise ConcurrentUpdateError(
-                    f"the index at {root} changed since it was loaded (another process saved "
-                    f"{current_version(root) or 'into it'}): nothing was saved, so that change stands; load the "
-                    "index again and redo this one")
+                    f"the index at {root} changed since it was loaded (another process saved {now or 'into it'}): "
+                    "nothing was saved, so that change stands; load the index again and redo this one")
             # Without the marker the ownership check passed on names alone: every v-<hex> folder is ours.
             legacy = not (root / MARKER).is_file()
             if legacy:

@@ -31,7 +31,7 @@ from normrank._validation import (
     UNIT_NORM_TOLERANCE,
     as_matrix,
     as_token_counts,
-    check_norm_signal,
+    check_not_unit_length,
 )
 from normrank.calibration import FEATURES, Feature, NormCalibrator
 from normrank.errors import InvalidArgumentError, UnitNormError
@@ -281,11 +281,9 @@ def rescore(
     if len(names) != docs.shape[0]:
         raise InvalidArgumentError(f"{len(names)} ids for {docs.shape[0]} documents")
     norms = np.linalg.norm(docs.astype(np.float64), axis=1)
-    # refuse unit-length vectors (hosted APIs, stock pipelines) only, as the stores do against a calibrated
-    # corpus: equal norms are duplicates (the stores accept a text added twice), and with no corpus
+    # as the stores do against a calibrated corpus: equal norms are duplicates, and with no corpus
     # calibration, candidates of one norm get a zero feature from their own calibration
-    if np.all(np.abs(norms - 1.0) < UNIT_NORM_TOLERANCE):
-        check_norm_signal(norms)
+    check_not_unit_length(norms)
     cal = calibrator if calibrator is not None else NormCalibrator(min_per_bin=CANDIDATE_MIN_PER_BIN).fit(norms, counts)
     g = weights.shape(cal.transform(norms, counts, weights.feature))
     q_norm = float(np.linalg.norm(query.astype(np.float64)))

@@ -67,7 +67,6 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _as_metadatas,
     _check_ids,
     _check_k,
-    _check_unit,
     _match,
     _plain_batch,
     needs_recalibration,
@@ -75,6 +74,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
 )
 from normrank.persistence import (
     ANY_VERSION,
+    CURRENT,
     open_nofollow,
     reading_deferred,
     release_free_heap,
@@ -516,8 +516,7 @@ class NormIndex(BlendIndexBase):
         query_token_count: int | None = None,
     ) -> list[Hit]:
         """The exact blended top-``k`` for one query (text, or a raw vector)."""
-        if filter is None and isinstance(query, np.ndarray) and (query_token_count is None or (
-                type(query_token_count) is int and 0 < query_token_count <= MAX_TOKEN_COUNT)):
+        if filter is None and isinstance(query, np.ndarray) and _plain_count(query_token_count):
             hits = self._search_vector(query, k)
             if hits is not None:
                 return hits
@@ -859,30 +858,11 @@ class NormIndex(BlendIndexBase):
     def _additive_hits(self, rows: list[int], scores: list[float], w: float) -> list[Hit]:
         """:meth:`_hits` for one row of an additive blend given as lists (internal ids, from FAISS's result
         buffers): the same hits with the same values, without a NumPy call (see :meth:`DocColumns.views`).
-        Internal ids of -1 (an HNSW walk that found fewer than ``k``) are skipped."""
-        d = self._docs
-        norms, counts, g = d.views()
-        doc_ids, texts, metas = d.ids, d.texts, d.metas
-        new = object.__new__
-        out = []
-        for i, sc in zip(rows, scores):
-            if i < 0:
-                continue
-            gg = g[i]
-            hit = new(Hit)
-            f = hit.__dict__  # as in _hit_row
-            f["id"] = doc_ids[i]
-            f["score"] = sc
-            f["cosine"] = sc - w * gg  # query column = w, document column = g: cos = s - w * g
-            f["norm"] = norms[i]
-            f["norm_feature"] = gg
-            f["weight"] = w
-            f["token_count"] = counts[i]
-            f["text"] = texts[i]
-            m = metas[i]
-            f["metadata"] = {} if m is None else copy_metadata(m)
-            out.append(hit)
-        return out
+        Internal ids of -1 (an HNSW walk that found fewer than ``k``) are skipped by :meth:`_hit_row`."""
+        norms, counts, g = self._docs.views()
+        glist = [g[i] for i in rows]
+        cosines = [sc - w * gg for sc, gg in zip(scores, glist)]  # query column = w, document column = g
+        return self._hit_row(rows, scores, cosines, glist, [norms[i] for i in rows], [counts[i] for i in rows], w)
 
     def _additive_arrays(self, rows: list[int], scores: list[float], w: float) -> HitArrays:
         """:meth:`search_arrays`' answer for one row of an additive blend given as lists, with the values
@@ -890,9 +870,6 @@ class NormIndex(BlendIndexBase):
         fewer than ``k`` hits is padded as there."""
         d = self._docs
         g, doc_ids = d.views()[2], d.ids
-        if min(rows) >= 0:
-            cos = [sc - w * g[i] for i, sc in zip(rows, scores)]
-            return HitArrays([[doc_ids[i] for i in rows]], np.array([scores], dtype=np.float32), np.array([cos]))
         cos = [sc - w * g[i] if i >= 0 else math.nan for i, sc in zip(rows, scores)]
         scores = [sc if i >= 0 else -math.inf for i, sc in zip(rows, scores)]
         return HitArrays([[doc_ids[i] for i in rows if i >= 0]], np.array([scores], dtype=np.float32), np.array([cos]))
@@ -1124,7 +1101,7 @@ class NormIndex(BlendIndexBase):
             )
             index._auto_calibrated = state["auto_calibrated"]
             root = Path(path).resolve()
-            if folder.parent.resolve() == root and folder.name != "current":  # a copy without links: no version
+            if folder.parent.resolve() == root and folder.name != CURRENT:  # a copy without links: no version
                 index._origin = (str(root), folder.name)
             index._column_scale = float(state.get("column_scale", 1.0))  # indexes saved before the scale: 1
             index._tombstones = set(tombstones.tolist())
@@ -1189,10 +1166,15 @@ def _one_plain_query(queries: Any, counts: Any) -> np.ndarray | None:
         one = queries[0]
     else:
         return None
-    if counts is not None and not (type(counts) in (list, tuple) and len(counts) == 1 and (
-            counts[0] is None or (type(counts[0]) is int and 0 < counts[0] <= MAX_TOKEN_COUNT))):
+    if counts is not None and not (type(counts) in (list, tuple) and len(counts) == 1 and _plain_count(counts[0])):
         return None
     return one
+
+
+def _plain_count(count: Any) -> bool:
+    """A query token count the single-vector path takes as it is: none, or a plausible int (anything else
+    goes to the checked path, which reads or names it)."""
+    return count is None or (type(count) is int and 0 < count <= MAX_TOKEN_COUNT)
 
 
 def _arrays_from_hits(rows: list[list[Hit]], k: int) -> HitArrays:
