@@ -70,6 +70,8 @@ def test_speed_tiny(tmp_path, encoder):
     assert b["pad8"]["augmented_dim"] == 392 and b["pad1"]["augmented_dim"] == 385
     # padding costs exactly 7 more float32 columns per document in the FAISS file
     assert b["pad8"]["faiss_file_extra_per_doc"] - b["pad1"]["faiss_file_extra_per_doc"] == pytest.approx(28.0)
+    for mode in cell["modes"].values():  # the FAISS twin is timed beside FAISS in every cell
+        assert "faiss_twin" in mode["ratio_vs_faiss"] and mode["ratio_vs_faiss"]["faiss_twin"] > 0
 
 
 def test_scan_bound_tiny(tmp_path):
