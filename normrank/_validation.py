@@ -335,6 +335,20 @@ def check_option(name: str, value: Any, *, low: float | None = None, high: float
 MAX_TOKEN_COUNT = 2**31 - 1
 
 
+def query_token_count(count: Any) -> int:
+    """A query's token count as given, -1 where it is unknown; anything but a positive whole number is
+    named (``int()`` turned "5" and 7.9 into counts, and 0 read as "no count given"). One check for the
+    stores' searches and ``scoring.rescore`` (the re-rankers), which took "12" to a bare TypeError and
+    7.5 or True as counts."""
+    if count is None:
+        return -1
+    if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise InvalidArgumentError(f"a query token count must be a positive integer (or None), got {count!r}")
+    if count > MAX_TOKEN_COUNT:
+        raise InvalidArgumentError(f"a query token count of {count} is above {MAX_TOKEN_COUNT}")
+    return int(count)
+
+
 def as_token_counts(token_counts: Sequence[int] | np.ndarray) -> np.ndarray:
     """Whole numbers >= 1, one per vector: ints, or floats that are whole. Booleans, strings and nested
     lists are refused, not converted (``True`` became 1, ``"5"`` 5 and ``[[5]]`` 5 in silence, where a

@@ -31,6 +31,7 @@ from normrank._validation import (
     real_numbers,
 )
 from normrank._validation import as_token_counts as _as_counts
+from normrank._validation import query_token_count as _given_count
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import (
@@ -450,18 +451,6 @@ class BlendIndexBase:
                                "(fit() or calibrate_queries() sets one); logged once per index")
             cal = self.calibrator
         return w.query_weight(cal.transform(norms, counts, w.feature))
-
-
-def _given_count(count: Any) -> int:
-    """A query's token count as given, -1 where it is unknown; anything but a positive whole number is
-    named (``int()`` turned "5" and 7.9 into counts, and 0 read as "no count given")."""
-    if count is None:
-        return -1
-    if isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, np.integer)) or count < 1:
-        raise InvalidArgumentError(f"a query token count must be a positive integer (or None), got {count!r}")
-    if count > MAX_TOKEN_COUNT:
-        raise InvalidArgumentError(f"a query token count of {count} is above {MAX_TOKEN_COUNT}")
-    return int(count)
 
 
 def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | None,

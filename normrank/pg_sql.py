@@ -11,6 +11,7 @@ The layout (``table`` defaults to ``normrank_docs``)::
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,7 +84,8 @@ def filter_sql(flt: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     A missing key reads as JSON ``null`` (Python's ``metadata.get(key)`` is ``None``). Keys and
     values pass the metadata checks first (no NUL, which jsonb cannot hold; no NaN, which JSON
     has no spelling for; no lone surrogate), so a bad filter is an ``InvalidArgumentError``
-    naming the key, not a raw database error.
+    naming the key, not a raw database error. A float of magnitude 2**53 or more (every such float is
+    a whole number) is sent as that whole number (:func:`_exact_numbers`).
     """
     from psycopg.types.json import Jsonb
 
@@ -95,8 +97,29 @@ def filter_sql(flt: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         values = check_metadata({key: values}, "filter", allow_nul=False)[key]
         parts.append(f"coalesce(metadata -> %(fk{i})s, 'null'::jsonb) = ANY(%(fv{i})s::jsonb[])")
         params[f"fk{i}"] = key
-        params[f"fv{i}"] = [Jsonb(v) for v in values]
+        params[f"fv{i}"] = [Jsonb(_exact_numbers(v)) for v in values]
     return " AND ".join(parts), params
+
+
+_EXACT_FLOAT_FROM = 2.0**53
+
+
+def _exact_numbers(value: Any) -> Any:
+    """``value`` with every float of magnitude 2**53 or more as the whole number it is, recursively.
+
+    Why: psycopg sends a float as its shortest repr, which jsonb reads as an exact decimal:
+    ``1.152921504606847e+18`` became 1152921504606847000, not 2**60, so ``{"v": float(2**60)}`` matched
+    nothing on pgvector while the FAISS store (Python's ``==``, exact between int and float) matched the
+    document holding ``2**60``. Sent as an int, jsonb compares the exact value, as Python does. Such
+    floats are never stored on pgvector (``check_metadata(jsonb=True)`` refuses them), so only ints match.
+    """
+    if isinstance(value, float) and math.isfinite(value) and abs(value) >= _EXACT_FLOAT_FROM:
+        return int(value)
+    if isinstance(value, list):
+        return [_exact_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _exact_numbers(v) for k, v in value.items()}
+    return value
 
 
 __all__ = ["TABLE_RE", "TableNames", "check_table_name", "create_tables_sql", "filter_sql", "hnsw_index_sql"]

@@ -33,6 +33,7 @@ from normrank._validation import (
     as_token_counts,
     check_not_unit_length,
 )
+from normrank._validation import query_token_count as query_token_count_checked
 from normrank.calibration import FEATURES, Feature, NormCalibrator
 from normrank.errors import InvalidArgumentError, UnitNormError
 
@@ -270,6 +271,7 @@ def rescore(
     UnitNormError
         The document vectors (or, with ``b != 0``, the query vector) are unit length.
     """
+    qcount = query_token_count_checked(query_token_count)  # named as the stores name it, whatever the blend
     query = as_matrix(query_vector)
     if query.shape[0] != 1:
         raise InvalidArgumentError(f"expected one query vector, got {query.shape[0]}")
@@ -290,7 +292,7 @@ def rescore(
     if weights.b == 0.0:
         w = float(weights.a)
     else:
-        if query_token_count is None or query_token_count < 1:
+        if qcount < 1:
             raise InvalidArgumentError(
                 "the query-conditioned weight (b != 0) needs the query's token count: pass query_token_count"
             )
@@ -303,7 +305,7 @@ def rescore(
         if qcal is None:
             logger.warning("no query calibration: using the document calibration for query features")
             qcal = cal
-        w = float(weights.query_weight(qcal.transform([q_norm], [query_token_count], weights.feature))[0])
+        w = float(weights.query_weight(qcal.transform([q_norm], [qcount], weights.feature))[0])
     cos = (docs.astype(np.float64) / norms[:, None]) @ (query[0].astype(np.float64) / q_norm)
     scores = blend(cos, g, w, weights)
     return [Hit(names[i], float(scores[i]), float(cos[i]), float(norms[i]), float(g[i]), w, int(counts[i]))

@@ -691,6 +691,8 @@ class NormIndex(BlendIndexBase):
                 at_most_threads(1, inner.search_c, 1, q_ptr, k, s_ptr, p_ptr)
             else:
                 inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
+                if p_view[k - 1] < 0:  # an HNSW walk came back short of k: the general path scores it exactly
+                    return None
             if wts.mode == "additive":
                 positions = p_view.tolist()
                 if not self._positions_are_ids:
@@ -699,9 +701,7 @@ class NormIndex(BlendIndexBase):
                 if arrays:
                     return self._additive_arrays(positions, s_view.tolist(), float(w))
                 return self._additive_hits(positions, s_view.tolist(), float(w))
-            row = pos[0]
-            if row[-1] < 0:  # HNSW can return fewer than k; flat never does here
-                return self._hits(self._ids_at(row, labels), scores[0], w)
+            row = pos[0]  # k hits: flat always, HNSW past the check above
             return self._hits(row if self._positions_are_ids else labels[row], scores[0], w, all_valid=True)
 
     def _single_query_buffers(self, width: int, k: int) -> tuple[Any, ...]:
@@ -748,8 +748,26 @@ class NormIndex(BlendIndexBase):
             scores, ids = self._index.search(qaug, k)
         else:
             scores, ids = self._search_unmapped(qaug, k)
-        if allowed is not None and self.index_type != "flat" and np.any(ids < 0):
-            return self._exact_subset(qaug, k, allowed, scores, ids)
+        if self.index_type != "flat" and np.any(ids < 0):
+            if allowed is not None:
+                return self._exact_subset(qaug, k, allowed, scores, ids)
+            return self._exact_short_rows(qaug, k, scores, ids)
+        return scores, ids
+
+    def _exact_short_rows(self, qaug: np.ndarray, k: int, scores: np.ndarray,
+                          ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows an approximate index answered with fewer than ``k`` hits although ``k`` or more documents
+        are live, scored exactly over the live documents; full rows stay as the index gave them.
+
+        Why: an HNSW walk past many deleted documents (1000 stored, 990 deleted: 7-10 of 10 hits), or an IVF
+        index whose probed lists a compaction emptied (100 live of 2000: 29-38 of 50), came back short where
+        the same search with an always-true filter, and the pgvector backend, gave ``k``."""
+        short = np.flatnonzero((ids < 0).any(axis=1))
+        live = self._docs.live()
+        ex_s, ex_i = self._exact_subset(qaug[short], k, live, scores[short], ids[short])
+        scores, ids = scores.copy(), ids.copy()
+        width = ex_i.shape[1]  # k, or every live document when fewer are live
+        scores[short, :width], ids[short, :width] = ex_s, ex_i
         return scores, ids
 
     def _search_unmapped(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

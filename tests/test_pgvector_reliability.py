@@ -488,6 +488,24 @@ def test_metadata_numbers_come_back_as_stored(pg_dsn, table):
     assert kept == {"mass": 1e16, "z": -0.0} and type(kept["mass"]) is float
 
 
+def test_a_filter_on_a_big_whole_float_matches_as_on_faiss(pg_dsn, table):
+    """A plain filter value that is a float of 2**53 or more is a whole number; Python's ``==`` (the FAISS
+    store) matches it to the int stored, and so does pgvector's SQL (sent as the whole number it is, not
+    as its shortest repr, which jsonb read as 1152921504606847000 and matched nothing)."""
+    vecs, counts = synthetic(3, 16, seed=6)
+    metas = [{"v": 2**60, "nested": [2**55, "x"]}, {"v": 2**60 + 1}, {"v": 1.5}]
+    faiss_index = NormIndex(dim=16, weights=Weights(a=0.05))
+    faiss_index.add_vectors(vecs, counts, ids=["a", "b", "c"], metadatas=metas)
+    pg = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
+    pg.add_vectors(vecs, counts, ids=["a", "b", "c"], metadatas=metas)
+    for flt in ({"v": float(2**60)}, {"v": [float(2**60), 7]}, {"v": {"$eq": float(2**60)}},
+                {"nested": [[float(2**55), "x"]]}, {"v": 1.5}, {"v": -float(2**60)}, {"v": 1e300}):
+        want = sorted(h.id for h in faiss_index.search(vecs[0], 3, filter=flt))
+        assert sorted(h.id for h in pg.search(vecs[0], 3, filter=flt)) == want, flt
+    assert [h.id for h in pg.search(vecs[0], 3, filter={"v": float(2**60)})] == ["a"]  # not b: 2**60 + 1 differs
+    pg.close()
+
+
 def test_a_handle_follows_a_drop_and_re_create_it_did_not_see(pg_dsn, table):
     """A re-created table restarts its state version, so a handle that had read version 1 of the dropped
     table kept its dimension, weights and count over the new table's rows: other rankings in silence, or

@@ -61,6 +61,21 @@ def test_candidate_token_counts_are_read_as_the_stores_read_them(index_and_vecto
     assert [h.token_count for h in ok] == [7, 3, 4]
 
 
+@pytest.mark.parametrize("bad", ["12", 7.5, True, 0, -3, 2**31])
+@pytest.mark.parametrize("weights", [Weights(a=0.08, b=0.05), Weights(a=0.08)])
+def test_query_token_count_is_read_as_the_stores_read_it(index_and_vectors, bad, weights):
+    """``rescore`` (the re-rankers' arithmetic) took "12" to a bare TypeError and 7.5 or True as counts,
+    where ``NormIndex.search`` names all of them; now both refuse them alike, whatever the blend."""
+    index, vecs, counts = index_and_vectors
+    with pytest.raises(InvalidArgumentError, match="query token count"):
+        index.search(vecs[5], 3, query_token_count=bad)
+    with pytest.raises(InvalidArgumentError, match="query token count"):
+        rescore(vecs[5], vecs[:3], counts[:3], weights=weights, calibrator=index.calibrator, query_token_count=bad)
+    hits = rescore(vecs[5], vecs[:3], counts[:3], weights=weights, calibrator=index.calibrator,
+                   query_calibrator=index.calibrator, query_token_count=np.int64(12))
+    assert len(hits) == 3 and all(np.isfinite(h.score) for h in hits)
+
+
 def test_norms_equal_up_to_rounding_give_no_feature():
     """Norms equal but for float32 rounding (relative spread ~1e-7) were standardised by that spread into
     features of +-2: a calibration must read them as no spread, and every feature as ~0."""
