@@ -200,6 +200,21 @@ def test_threads_querying_while_another_adds_see_a_whole_state(encoder, embed, d
     assert store.query(q).ids == single.query(q).ids
 
 
+def test_to_dict_and_from_dict_round_trip_the_settings(encoder):
+    """LlamaIndex's own serialisation (``BaseComponent.to_dict`` / ``from_dict``, ``to_json`` /
+    ``from_json``) builds a store with the same settings; ``from_dict`` passed the store's own fields
+    (``stores_text``, ``is_embedding_query``) to NormIndex, which refused them as unknown."""
+    for allow_empty in (True, False):
+        store = NormRankVectorStore(encoder=encoder, allow_empty=allow_empty)
+        for again in (NormRankVectorStore.from_dict(store.to_dict()), NormRankVectorStore.from_json(store.to_json())):
+            assert type(again) is NormRankVectorStore and again.to_dict() == store.to_dict()
+            assert again.allow_empty is allow_empty and len(again.client) == 0
+    with pytest.raises(InvalidArgumentError, match="stores_text is always True"):
+        NormRankVectorStore(encoder=encoder, stores_text=False)
+    with pytest.raises(InvalidArgumentError, match="is_embedding_query is always True"):
+        NormRankVectorStore(encoder=encoder, is_embedding_query=0)
+
+
 def test_persist_and_reload_give_the_same_answers(built, encoder, embed, tmp_path, reference):
     store, index = built
     index.storage_context.persist(tmp_path)

@@ -280,6 +280,11 @@ class NormRankVectorStore(BasePydanticVectorStore):
         at construction. A store emptied by deletes returns no nodes either way, as ``SimpleVectorStore``
         does (:func:`normrank.index_base.held_documents`).
 
+    ``stores_text`` and ``is_embedding_query`` are accepted as ``True`` only, what the store is, so
+    LlamaIndex's ``from_dict(store.to_dict())`` (and ``from_json``) builds a store with the same settings.
+    The dict holds settings, not documents: those are saved by :meth:`persist` and read back by
+    :meth:`from_persist_dir`.
+
     Raises
     ------
     InvalidArgumentError
@@ -302,10 +307,18 @@ class NormRankVectorStore(BasePydanticVectorStore):
         *,
         encoder: RawEncoder | None = None,
         allow_empty: bool | None = None,
+        stores_text: bool = True,
+        is_embedding_query: bool = True,
         **index_kwargs: Any,
     ) -> None:
         if allow_empty is not None and not isinstance(allow_empty, bool):
             raise InvalidArgumentError(f"allow_empty must be True, False or None, got {allow_empty!r}")
+        # the store's own fields, as to_dict() writes them: what it is, not settings (from_dict passed them to
+        # NormIndex, which named them as unknown NormIndex arguments)
+        for name, value in (("stores_text", stores_text), ("is_embedding_query", is_embedding_query)):
+            if value is not True:
+                raise InvalidArgumentError(f"NormRankVectorStore: {name} is always True (the store keeps the "
+                                           f"text and is queried by embeddings), got {value!r}")
         if allow_empty is None:
             allow_empty = index is None
         if index is None:
