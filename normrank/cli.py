@@ -66,7 +66,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     cos_nd, blend_nd = _demo_ndcg(index, vectors, counts, qrels, qids, shown)
     print()
     if shown.is_cosine:
-        print("no blend to show: plain cosine was also the best ranking on the judged queries")
+        print("no blend to show: " + ("the blend you gave is plain cosine (a = 0, b = 0)" if label == "your blend"
+                                      else "plain cosine was also the best ranking on the judged queries"))
         return 0
     print(f"{label}: {_blend_str(shown)}: s = cos + w(q) * g(d), w(q) = a + b * g_q(q)")
     print(f"  nDCG@10 on the {len(qids)} judged queries: cosine {cos_nd.mean():.4f}, blend {blend_nd.mean():.4f} "
@@ -371,9 +372,10 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"note: the index at {args.index} holds no document (every one was deleted)", file=sys.stderr)
         check_texts([args.query])  # a query the search would refuse (blank, a lone surrogate) is still named
         hits = []
+    elif args.group_by:
+        hits = _hits_for_groups(index, args.query, args.group_by, k)
     else:
-        # Grouping keeps the best k sources: fetch deeper so that k groups exist when a source has many chunks.
-        hits = index.search(args.query, min(len(index), k * 10) if args.group_by else k)
+        hits = index.search(args.query, k)
     groups = _group(hits, args.group_by, k) if args.group_by else None
     if groups is not None:
         if hits and not any(args.group_by in h.metadata for h in hits):  # most likely a typo in the key
@@ -425,6 +427,24 @@ def _hit_line(rank: int, h: Any, width: int) -> str:
     snippet = " ".join((h.text or h.metadata.get("title", "") or "").split())[:60]
     return (f"  {rank:>2} {_short_id(h.id, width):<{width}} {h.score:7.4f} {h.cosine:7.4f} {h.norm_feature:+6.2f} "
             f"{h.weight:+7.4f}  {snippet}")
+
+
+def _hits_for_groups(index: Any, query: str, key: str, k: int) -> list[Any]:
+    """Hits deep enough that the best ``k`` groups are all in them: ``10 k`` first, four times deeper while
+    fewer than ``k`` groups turned up, up to the whole index. Why: one source with more than ``10 k``
+    chunks above the others filled a fixed depth, and ``-k 3 --group-by source`` showed one group where
+    four files matched. The query is encoded once; deeper passes search by its vector."""
+    n = len(index)
+    depth = min(n, k * 10)
+    hits = index.search(query, depth)  # the text is checked and encoded here
+    vector = None
+    while depth < n and len(_group(hits, key, k)) < k:
+        if vector is None:
+            vectors, counts = index.encoder.encode_with_counts([query])
+            vector, count = vectors[0], int(counts[0])
+        depth = min(n, depth * 4)
+        hits = index.search(vector, depth, query_token_count=count)
+    return hits
 
 
 def _group(hits: list[Any], key: str, k: int) -> list[tuple[str, list[Any]]]:
@@ -636,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "shows side by side where a blend moves a result and why. No data needed.")
     p.add_argument("--query", action="append", help="a query to show (repeatable); default: the judged queries "
                    "whose top k the blend changes")
-    p.add_argument("-k", type=int, default=3, help="hits per query (default 3)")
+    p.add_argument("-k", type=_positive_int, default=3, help="hits per query (default 3)")
     p.add_argument("--a", type=float, help="show this constant norm weight instead of the fitted blend")
     p.add_argument("--b", type=float, help="show this query-conditioned norm weight instead of the fitted blend")
     p.add_argument("--out", help="where to save the demo index (default: the user cache folder)")

@@ -521,7 +521,8 @@ def build_index(source: Any = None) -> Any:
 
     A saved index keeps its fitted weights unless the file sets non-default scoring, and its own encoder
     (model, pooling, backend) unless the file has an ``encoder:`` section: a YAML without one reopened an
-    ``onnx-int8`` index with torch.
+    ``onnx-int8`` index with torch. The file's ``store.ef_search`` and ``store.nprobe`` apply to it; a
+    build-time store setting other than the saved one is a :class:`ConfigError` (:func:`_apply_store_settings`).
     """
     from normrank.calibration import NormCalibrator
     from normrank.store import NormIndex
@@ -546,6 +547,7 @@ def build_index(source: Any = None) -> Any:
         return index
     if saved:
         index = NormIndex.load(str(s.path), encoder=encoder)
+        _apply_store_settings(index, s)
         _override_weights(index, config)
         return index
     return NormIndex(
@@ -554,6 +556,27 @@ def build_index(source: Any = None) -> Any:
         calibrator=None if config.calibration == CalibrationConfig() else
         NormCalibrator(config.calibration.max_bins, config.calibration.min_per_bin),
     )
+
+
+#: Store settings a saved index was built with: a file may repeat them, not change them.
+_BUILD_SETTINGS = ("index_type", "pad_to", "hnsw_m", "ef_construction", "nlist")
+
+
+def _apply_store_settings(index: Any, store: Any) -> None:
+    """The ``store:`` settings the file names, on the index saved at ``store.path``: the search-time ones
+    (``ef_search``, ``nprobe``) are applied; a build-time one that differs from what the index was built
+    with is refused. Both were silently ignored: a file's ``ef_search: 7`` searched with the saved 128."""
+    given = store.model_fields_set
+    for name in _BUILD_SETTINGS:
+        value = getattr(store, name)
+        if name in given and value is not None and value != getattr(index, name):
+            raise ConfigError(
+                f"store.{name} is {value!r}, but the index saved at {store.path} was built with "
+                f"{getattr(index, name)!r}: a build-time setting applies when an index is built; rebuild it "
+                f"(normrank index), or leave store.{name} out to open it as saved")
+    for name in ("ef_search", "nprobe"):
+        if name in given:
+            setattr(index, name, getattr(store, name))
 
 
 def saved_index(config: NormRankConfig, calibration: str, section: str) -> Any:

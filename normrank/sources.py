@@ -57,6 +57,11 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
                 raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
             for f in files:
                 rel = f.relative_to(path).as_posix()
+                if _undecodable(rel):  # Python keeps such bytes as lone surrogates, which no store accepts
+                    raise DatasetError(
+                        f"{path / rel.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace')}: "
+                        "the file name is not valid UTF-8, and it becomes the document's id and path; "
+                        "rename the file (convmv converts a folder of Latin-1 names)")
                 rows.append((rel, read_text_file(f), {"path": rel}))
     elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
         rows = _jsonl_rows(iter_jsonl(path), path)
@@ -73,6 +78,16 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
         else:
             skipped.append(did)
     return ids, texts, metas, skipped
+
+
+def _undecodable(name: str) -> bool:
+    """Whether a file name read from disk held bytes that are not UTF-8 (``os.fsdecode`` keeps them as
+    lone surrogates)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def read_text_file(path: str | Path) -> str:

@@ -110,6 +110,14 @@ def test_read_source_errors_name_the_problem(tmp_path):
     (d / "x.txt").write_bytes("caf\xe9".encode("latin-1"))
     with pytest.raises(DatasetError, match="not UTF-8"):
         read_source(d)
+    # a file name that is not UTF-8 becomes an id no store takes: named with its file, not as "metadata 0"
+    names = tmp_path / "names"
+    names.mkdir()
+    (names / "ok.txt").write_text("fine")
+    with open(bytes(names) + b"/caf\xe9.txt", "w") as fh:
+        fh.write("a Latin-1 file name")
+    with pytest.raises(DatasetError, match=r"names/caf\\xe9\.txt: the file name is not valid UTF-8"):
+        read_source(names)
 
 
 def test_index_error_is_one_line_with_exit_1(tmp_path, capsys):

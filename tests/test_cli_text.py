@@ -104,6 +104,34 @@ def test_search_groups_chunks_by_source(chunked, capsys):
     assert "no hit has the metadata key 'sourc'" in err and "source" in err
 
 
+def test_group_by_finds_k_groups_past_a_source_of_many_chunks(tmp_path, capsys, encoder):
+    """One file of ~120 chunks that all match filled the fixed depth (10 k hits), and ``-k 3 --group-by
+    source`` showed one group where four files were indexed; the search now goes deeper until k groups."""
+    import random
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    rnd = random.Random(1)
+    said = ["Mitochondria produce ATP for the cell.", "The powerhouse of the cell is the mitochondrion.",
+            "Cells get energy from mitochondria."]
+    (docs / "long.md").write_text("\n\n".join(" ".join(rnd.choice(said) for _ in range(30)) for _ in range(60)))
+    (docs / "plants.txt").write_text("Chloroplasts capture light energy in plant cells.")
+    (docs / "ribosomes.txt").write_text("Ribosomes build proteins inside the cell.")
+    (docs / "paris.txt").write_text("The Eiffel Tower is in Paris.")
+    out = tmp_path / "idx"
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    long_chunks = sum(1 for i in NormIndex.load(out).ids() if i.startswith("long.md"))
+    assert long_chunks > 30  # more than 10 k: the case is reached
+    for k in (2, 3, 4):
+        assert main(["search", str(out), "energy in the cell", "-k", str(k), "--group-by", "source", "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)
+        assert len(res["groups"]) == k and res["groups"][0]["key"] == "long.md"
+        assert len(res["hits"]) == sum(len(g["ids"]) for g in res["groups"])
+    assert main(["search", str(out), "energy in the cell", "-k", "3", "--group-by", "source"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].startswith("3 source groups for 'energy in the cell'")
+
+
 def test_fit_text_output_and_the_empty_document_message(tmp_path, capsys, encoder):
     root = _beir(tmp_path / "coll")
     lines = (root / "corpus.jsonl").read_text().splitlines()

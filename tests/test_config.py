@@ -178,6 +178,36 @@ def test_a_folder_given_as_the_config_file_is_named_as_a_folder(tmp_path):
         load_config(tmp_path)
 
 
+@pytest.mark.parametrize(("index_type", "name", "value"), [("hnsw", "ef_search", 7), ("ivf", "nprobe", 3)])
+def test_a_saved_index_takes_the_files_search_settings_and_refuses_other_build_settings(
+        tmp_path, index_type, name, value):
+    """``store.ef_search`` / ``store.nprobe`` were silently ignored for an index saved at ``store.path``
+    (searched with the saved 128 / 16), and a ``store.index_type`` other than the saved one was too."""
+    from .conftest import synthetic
+
+    vecs, counts = synthetic(600, dim=16, seed=3)
+    index = NormIndex(dim=16, weights=Weights(a=0.05), index_type=index_type, nlist=8)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(600)])
+    index.save(tmp_path / "ix")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"store:\n  path: ix\n  index_type: {index_type}\n  {name}: {value}\n", encoding="utf-8")
+    opened = build_index(cfg)
+    assert getattr(opened, name) == value
+    if index_type == "hnsw":
+        import faiss
+
+        assert faiss.downcast_index(opened._index.index).hnsw.efSearch == value
+    else:
+        assert opened._index.nprobe == value
+    cfg.write_text("store:\n  path: ix\n", encoding="utf-8")
+    assert getattr(build_index(cfg), name) == getattr(index, name)  # not named: as saved
+    other = "flat" if index_type != "flat" else "hnsw"
+    for line in (f"index_type: {other}", "nlist: 4" if index_type == "ivf" else "hnsw_m: 8"):
+        cfg.write_text(f"store:\n  path: ix\n  {line}\n", encoding="utf-8")
+        with pytest.raises(ConfigError, match=f"store.{line.split(':')[0]} is .* but the index saved at"):
+            build_index(cfg)
+
+
 @pytest.mark.parametrize("backend", ["faiss", "pgvector"])
 def test_scoring_keys_the_file_names_override_a_saved_blend_and_the_rest_keep_it(
         tmp_path, encoder, demo_encoded, backend, request):

@@ -103,6 +103,15 @@ def test_demo_with_your_own_query_and_weight(tmp_path, capsys, encoder):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
+    """``-k 0`` is a usage error the parser catches (exit 2, as for ``search``; docs/guarantees.md)."""
     code = main(["demo", "--out", str(tmp_path / "x"), "-k", "0", "--query", "stars"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1 and "k must be a positive integer" in err[0]
+    assert code == 2 and len(err) == 1 and "must be a positive integer, got 0" in err[0]
+
+
+def test_a_plain_cosine_blend_of_yours_is_called_yours(tmp_path, capsys, encoder):
+    """``--a 0 --b 0`` said "plain cosine was also the best ranking on the judged queries", which the run
+    without them contradicts (the best blend there beats cosine on those queries)."""
+    assert main(["demo", "--out", str(tmp_path / "d"), "--a", "0", "--b", "0"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "no blend to show: the blend you gave is plain cosine (a = 0, b = 0)"
