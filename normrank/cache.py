@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from normrank.encoders import RawEncoder
+from normrank.encoders import RawEncoder, check_texts
 
 logger = logging.getLogger(__name__)
 CACHE_ENV = "NORMRANK_CACHE"
@@ -41,6 +41,9 @@ def cache_key(encoder: RawEncoder, texts: Sequence[str]) -> str:
 def encode_cached(encoder: RawEncoder, texts: Sequence[str], *, show_progress: bool | None = None,
                   folder: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``encoder.encode_with_counts(texts)``, read from or written to the cache."""
+    # named before the key hashes them: a lone surrogate or a non-string was a bare UnicodeEncodeError
+    # or AttributeError here, where encode() names it
+    texts = check_texts(texts)
     folder = folder or cache_dir()
     path = folder / f"{cache_key(encoder, texts)}.npz"
     if path.is_file():

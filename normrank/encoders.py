@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -643,10 +644,41 @@ def _folder_fingerprint(model_name: str, max_seq_length: int) -> str:
             h.update(p.read_bytes())
         else:
             h.update(name.encode())
-            with p.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+            _hash_file(h, p)
+    if not legacy:
+        _hash_module_files(h, root, skip=_FINGERPRINT_FILES)
     return h.hexdigest()[:16]
+
+
+def _hash_file(h: Any, path: Path) -> None:
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+
+
+def _hash_module_files(h: Any, root: Path, skip: tuple[str, ...]) -> None:
+    """Hash, by relative path and content, every file in the module folders ``modules.json`` names
+    (``0_Transformer/``, ``2_Dense/``...), but those in ``skip`` (hashed already).
+
+    Why: the key read a fixed list of top-level names, so a model whose transformer sits in
+    ``0_Transformer/`` (a layout sentence-transformers still loads), or whose ``2_Dense`` head was
+    retrained and saved in place, kept its key, and the cache served the old model's vectors. A folder
+    of the usual layout has nothing more to hash there, so its key is unchanged."""
+    try:
+        modules = json.loads((root / "modules.json").read_text(encoding="utf-8"))
+        folders = sorted({str(m.get("path") or "") for m in modules if isinstance(m, dict)} - {""})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return
+    for folder in folders:
+        base = root / folder
+        if not base.is_dir():
+            continue
+        for f in sorted(x for x in base.rglob("*") if x.is_file()):
+            rel = f.relative_to(root).as_posix()
+            if rel in skip:
+                continue
+            h.update(rel.encode())
+            _hash_file(h, f)
 
 
 def _is_bundled(root: Path) -> bool:
@@ -678,9 +710,8 @@ def _weights_key(model_name: str, model: Any) -> str:
     for name in ("modules.json", "config.json", "sentence_bert_config.json", "model.safetensors", "pytorch_model.bin"):
         p = root / name
         if p.is_file():
-            with p.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+            _hash_file(h, p)
+    _hash_module_files(h, root, skip=("1_Pooling/config.json",))  # a retrained 0_Transformer/ or 2_Dense/
     return h.hexdigest()
 
 

@@ -45,3 +45,49 @@ def test_a_write_that_fails_leaves_no_partial_file(encoder, tmp_path, monkeypatc
         vecs, counts = cache.encode_cached(encoder, TEXTS, folder=tmp_path)
     assert vecs.shape[0] == 3 and "could not write the encoding cache" in caplog.text
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_module_folder_retrained_in_place_gets_a_new_key(tmp_path):
+    """The key hashed a fixed list of top-level files: a ``2_Dense`` head (or a ``0_Transformer/`` folder)
+    retrained and saved in place kept the key, and the cache served the old model's vectors."""
+    import shutil
+
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.models import Dense
+
+    from normrank import RawEncoder
+    from normrank.encoders import default_model_path
+
+    root = tmp_path / "with-head"
+    st = SentenceTransformer(str(default_model_path()), device="cpu")
+    dense = Dense(384, 384, activation_function=torch.nn.Identity())
+    torch.manual_seed(0)
+    torch.nn.init.normal_(dense.linear.weight, std=0.1)
+    SentenceTransformer(modules=[*(m for m in st if type(m).__name__ != "Normalize"), dense], device="cpu").save(
+        str(root))
+    plain = tmp_path / "plain"  # the usual layout: nothing beyond the listed files, the key as before
+    shutil.copytree(default_model_path(), plain)
+    before_plain = RawEncoder(str(plain)).fingerprint
+    texts = ["hello world", "a second text"]
+    first = RawEncoder(str(root))
+    old, _ = cache.encode_cached(first, texts, folder=tmp_path / "cache")
+    torch.manual_seed(1)
+    torch.nn.init.normal_(dense.linear.weight, std=0.1)
+    dense.save(str(root / "2_Dense"))  # same file names and sizes
+    again = RawEncoder(str(root))
+    assert again.fingerprint != first.fingerprint
+    got, _ = cache.encode_cached(again, texts, folder=tmp_path / "cache")
+    np.testing.assert_allclose(got, again.encode(texts), atol=1e-5)
+    assert not np.allclose(got, old)
+    assert RawEncoder(str(plain)).fingerprint == before_plain
+
+
+@pytest.mark.parametrize(("texts", "error"), [(["ok", "\udcff"], "InvalidTextError"), (["ok", 5], "InvalidArgumentError")])
+def test_bad_texts_are_named_before_the_cache_key(encoder, tmp_path, texts, error):
+    """A lone surrogate or a non-string was a bare UnicodeEncodeError / AttributeError from the key's hash."""
+    from normrank import errors
+
+    with pytest.raises(getattr(errors, error)):
+        cache.encode_cached(encoder, texts, folder=tmp_path)
+    assert not list(tmp_path.iterdir())

@@ -96,6 +96,22 @@ def test_unknown_keyword_arguments_are_refused(encoder):
         e.get_text_embedding("x y"), abs=1e-6)
 
 
+def test_to_dict_and_from_dict_keep_the_encoders_own_settings():
+    """``to_dict`` held only model, device and backend: an encoder with ``max_seq_length=64`` or norm pooling
+    came back as the default one (other vectors, silently), and one on a model folder did not come back."""
+    from normrank import RawEncoder
+    from normrank.pooling import PooledEncoder
+
+    text = "a long sentence about mountains and rivers " * 20
+    for enc in (RawEncoder(max_seq_length=64), PooledEncoder(pooling="norm")):
+        e = NormRankEmbedding(encoder=enc)
+        for again in (NormRankEmbedding.from_dict(e.to_dict()), NormRankEmbedding.from_json(e.to_json())):
+            assert again.encoder.describe() == enc.describe()
+            np.testing.assert_allclose(again.get_text_embedding(text), e.get_text_embedding(text), atol=1e-6)
+    with pytest.raises(InvalidArgumentError, match="encoder_settings with device"):
+        NormRankEmbedding(device="cuda", encoder_settings=RawEncoder(max_seq_length=64).describe())
+
+
 # ---------------------------------------------------------------- other stores
 def test_a_store_ranking_raw_vectors_by_its_own_metric_is_warned_about_once(encoder, embed):
     docs = [Document(text=t) for t in ("Insulin lowers blood sugar.", "The Nile flows north.", "Rome fell in 476.")]

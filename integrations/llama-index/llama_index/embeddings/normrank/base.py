@@ -60,6 +60,9 @@ class NormRankEmbedding(BaseEmbedding):
     model: str | None = Field(None, description="Local sentence-transformers folder; None = bundled model.")
     device: str = Field("cpu", description="Torch device.")
     backend: str = Field("torch", description="Encoder backend: torch, onnx or onnx-int8 (CPU; normrank[onnx]).")
+    encoder_settings: dict[str, Any] | None = Field(
+        None, description="The encoder's own settings (RawEncoder.describe(): model folder, window, backend, "
+        "pooling), so that from_dict(to_dict()) rebuilds the same encoder.")
     _encoder: RawEncoder = PrivateAttr()
     _warned_stores: set[str] = PrivateAttr(default_factory=set)
 
@@ -74,6 +77,7 @@ class NormRankEmbedding(BaseEmbedding):
         **kwargs: Any,
     ) -> None:
         model_name = kwargs.pop("model_name", None)  # from_dict / to_dict round trips pass it back
+        settings = kwargs.pop("encoder_settings", None)  # so do they these: the encoder as it was described
         unknown = sorted(set(kwargs) - _PASSED_ON)
         if unknown:
             raise InvalidArgumentError(
@@ -83,18 +87,21 @@ class NormRankEmbedding(BaseEmbedding):
             raise InvalidArgumentError("give either an encoder or model/device/backend, not both")
         if encoder is not None:
             check_raw_encoder(encoder)
+        elif settings is not None:
+            encoder = _from_settings(settings, model, device, backend)
         enc = encoder or RawEncoder(model, batch_size=embed_batch_size, device=device or "cpu",
                                     backend=backend or "torch")
         if model_name is not None and model is None and encoder is None and model_name != enc.model_name:
             raise InvalidArgumentError(f"model_name {model_name!r} is not this embedding's model; pass model=...")
         super().__init__(model_name=enc.model_name, embed_batch_size=embed_batch_size,
                          model=None if model is None else str(model), device=enc.device, backend=enc.backend,
-                         **kwargs)
+                         encoder_settings=enc.describe(), **kwargs)
         self._encoder = enc
 
     @classmethod
     def class_name(cls) -> str:
         return "NormRankEmbedding"
+
 
     @property
     def encoder(self) -> RawEncoder:
@@ -189,3 +196,19 @@ def _calling_store() -> Any:
             return store
         frame = frame.f_back
     return None
+
+
+def _from_settings(settings: Any, model: Any, device: str | None, backend: str | None) -> RawEncoder:
+    """The encoder ``to_dict()`` described (window, pooling, model folder), for ``from_dict``: it held only
+    model, device and backend, so an encoder with ``max_seq_length=64`` or norm pooling came back as the
+    default one and gave other vectors, and one on a model folder did not come back at all."""
+    from normrank.encoders import encoder_from_settings
+
+    if not isinstance(settings, dict):
+        raise InvalidArgumentError(f"encoder_settings must be a dict (RawEncoder.describe()), got {settings!r}")
+    for name, given in (("model", model), ("device", device), ("backend", backend)):
+        if given is not None and name in settings and str(given) != str(settings[name]) and not (
+                name == "model" and given is None):
+            raise InvalidArgumentError(f"NormRankEmbedding got {name}={given!r} and encoder_settings with "
+                                       f"{name}={settings[name]!r}; give one of them")
+    return encoder_from_settings(settings, what="this NormRankEmbedding", fallback=False)
