@@ -433,18 +433,16 @@ def _hits_for_groups(index: Any, query: str, key: str, k: int) -> list[Any]:
     """Hits deep enough that the best ``k`` groups are all in them: ``10 k`` first, four times deeper while
     fewer than ``k`` groups turned up, up to the whole index. Why: one source with more than ``10 k``
     chunks above the others filled a fixed depth, and ``-k 3 --group-by source`` showed one group where
-    four files matched. The query is encoded once; deeper passes search by its vector."""
+    four files matched. The query is encoded once (its text checked as a search checks it), and every pass
+    searches by its vector."""
     n = len(index)
+    vectors, counts = index.encoder.encode_with_counts([query])
     depth = min(n, k * 10)
-    hits = index.search(query, depth)  # the text is checked and encoded here
-    vector = None
-    while depth < n and len(_group(hits, key, k)) < k:
-        if vector is None:
-            vectors, counts = index.encoder.encode_with_counts([query])
-            vector, count = vectors[0], int(counts[0])
+    while True:
+        hits = index.search(vectors[0], depth, query_token_count=int(counts[0]))
+        if depth >= n or len(_group(hits, key, k)) >= k:
+            return hits
         depth = min(n, depth * 4)
-        hits = index.search(vector, depth, query_token_count=count)
-    return hits
 
 
 def _group(hits: list[Any], key: str, k: int) -> list[tuple[str, list[Any]]]:

@@ -750,7 +750,7 @@ class NormIndex(BlendIndexBase):
             scores, ids = self._search_unmapped(qaug, k)
         if self.index_type != "flat" and np.any(ids < 0):
             if allowed is not None:
-                return self._exact_subset(qaug, k, allowed, scores, ids)
+                return self._exact_subset(qaug, k, allowed)
             return self._exact_short_rows(qaug, k, scores, ids)
         return scores, ids
 
@@ -764,7 +764,7 @@ class NormIndex(BlendIndexBase):
         the same search with an always-true filter, and the pgvector backend, gave ``k``."""
         short = np.flatnonzero((ids < 0).any(axis=1))
         live = self._docs.live()
-        ex_s, ex_i = self._exact_subset(qaug[short], k, live, scores[short], ids[short])
+        ex_s, ex_i = self._exact_subset(qaug[short], k, live)
         scores, ids = scores.copy(), ids.copy()
         width = ex_i.shape[1]  # k, or every live document when fewer are live
         scores[short, :width], ids[short, :width] = ex_s, ex_i
@@ -822,8 +822,7 @@ class NormIndex(BlendIndexBase):
             return faiss.SearchParametersIVF(sel=sel, nprobe=self._index.nprobe)
         return faiss.SearchParameters(sel=sel)
 
-    def _exact_subset(self, qaug: np.ndarray, k: int, allowed: np.ndarray, scores: np.ndarray,
-                      ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _exact_subset(self, qaug: np.ndarray, k: int, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Approximate indexes can miss filtered matches: score the allowed set exactly instead."""
         live = np.array([i for i in allowed.tolist() if i not in self._tombstones], dtype=np.int64)
         vecs = self._index.reconstruct_batch(live)

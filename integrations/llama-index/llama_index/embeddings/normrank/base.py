@@ -77,7 +77,7 @@ class NormRankEmbedding(BaseEmbedding):
         **kwargs: Any,
     ) -> None:
         model_name = kwargs.pop("model_name", None)  # from_dict / to_dict round trips pass it back
-        settings = kwargs.pop("encoder_settings", None)  # so do they these: the encoder as it was described
+        settings = kwargs.pop("encoder_settings", None)  # and the encoder as it was described
         unknown = sorted(set(kwargs) - _PASSED_ON)
         if unknown:
             raise InvalidArgumentError(
@@ -101,7 +101,6 @@ class NormRankEmbedding(BaseEmbedding):
     @classmethod
     def class_name(cls) -> str:
         return "NormRankEmbedding"
-
 
     @property
     def encoder(self) -> RawEncoder:
@@ -207,8 +206,7 @@ def _from_settings(settings: Any, model: Any, device: str | None, backend: str |
     if not isinstance(settings, dict):
         raise InvalidArgumentError(f"encoder_settings must be a dict (RawEncoder.describe()), got {settings!r}")
     for name, given in (("model", model), ("device", device), ("backend", backend)):
-        if given is not None and name in settings and str(given) != str(settings[name]) and not (
-                name == "model" and given is None):
+        if given is not None and name in settings and str(given) != str(settings[name]):
             raise InvalidArgumentError(f"NormRankEmbedding got {name}={given!r} and encoder_settings with "
                                        f"{name}={settings[name]!r}; give one of them")
     return encoder_from_settings(settings, what="this NormRankEmbedding", fallback=False)
