@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,6 +129,18 @@ def check_norm_signal(norms: np.ndarray) -> None:
 MAX_METADATA_DEPTH = 32
 #: Largest metadata accepted, as UTF-8 JSON bytes.
 MAX_METADATA_BYTES = 1_000_000
+
+
+def is_blank_text(text: str) -> bool:
+    """True when ``text`` has nothing a model reads: only whitespace, control and format characters.
+
+    Why not ``str.strip``: a zero-width space (U+200B), byte-order mark (U+FEFF), soft hyphen or a lone
+    control character survives ``strip()``, and the tokenizer drops it, so such a text was embedded as the
+    bare ``[CLS] [SEP]`` vector and stored as a document with no content.
+    """
+    if not text.isascii():
+        return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+    return not text.strip() or all(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in text)
 
 
 def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy import stats
 
+from normrank._validation import is_blank_text
+
 if TYPE_CHECKING:
     from normrank.store import NormIndex
 
@@ -141,7 +143,7 @@ def _truncation(index: NormIndex, counts: np.ndarray, recs: list[Any]) -> dict[s
     summary = truncation_summary(counts, limit)
     at_window = np.flatnonzero(counts >= limit).tolist()
     texts = [recs[i].text for i in at_window]
-    summary["exact"] = all(isinstance(t, str) and t.strip() for t in texts)
+    summary["exact"] = all(isinstance(t, str) and not is_blank_text(t) for t in texts)
     if at_window and summary["exact"]:
         n = encoder.count_truncated(texts)
         summary.update(truncated=n, share=n / counts.size)

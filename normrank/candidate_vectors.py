@@ -32,7 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from normrank._validation import UNIT_NORM_TOLERANCE, check_option, check_text
+from normrank._validation import (
+    UNIT_NORM_TOLERANCE,
+    check_option,
+    check_text,
+    is_blank_text,
+)
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, default_model_path
 from normrank.errors import (
@@ -198,8 +203,8 @@ def split_scorable(texts: Sequence[str | None], ids: Sequence[str], what: str) -
 
 
 def is_blank(text: str | None) -> bool:
-    """True for ``None``, ``""`` or whitespace: nothing to embed."""
-    return text is None or not str(text).strip()
+    """True for ``None``, ``""``, whitespace or invisible characters only: nothing to embed."""
+    return text is None or is_blank_text(str(text))
 
 
 def calibrator_from_texts(encoder: RawEncoder, texts: Sequence[str]) -> NormCalibrator:

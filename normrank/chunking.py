@@ -39,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from normrank._validation import is_blank_text
 from normrank.encoders import RawEncoder, check_texts
 from normrank.errors import InvalidArgumentError, MissingExtraError
 
@@ -210,7 +211,7 @@ def chunk_files(
                 name = path.resolve().relative_to(Path(root).resolve()).as_posix()
             except ValueError:
                 raise InvalidArgumentError(f"{path} is not inside root {root}") from None
-        if not text.strip():
+        if is_blank_text(text):
             logger.warning("skipping empty file %s", path)
             continue
         names.append(name)

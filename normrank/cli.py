@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from normrank._validation import is_blank_text
 from normrank.errors import NormRankError
 
 logger = logging.getLogger(__name__)
@@ -490,7 +491,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         f = load_config(args.config).fit
         kwargs = dict(folds=f.folds, alpha=f.alpha, min_gain=f.min_gain, depth=f.depth, features=f.features,
                       modes=f.modes, seed=f.seed)
-    empty = [q for q in qrels if q in queries and not queries[q].strip()]
+    empty = [q for q in qrels if q in queries and is_blank_text(queries[q])]
     if empty:
         raise DatasetError(f"{len(empty)} judged queries have empty text, e.g. {empty[:3]}")
     report = index.fit(queries, qrels, missing_ok=missing, **kwargs)

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from normrank._validation import check_norm_signal, check_text
+from normrank._validation import check_norm_signal, check_text, is_blank_text
 from normrank.errors import EmptyTextError, InvalidArgumentError, ModelLoadError, UnitNormError
 
 logger = logging.getLogger(__name__)
@@ -89,8 +89,9 @@ def check_texts(texts: Sequence[str]) -> list[str]:
     for i, t in enumerate(out):
         if not isinstance(t, str):
             raise InvalidArgumentError(f"text {i} is a {type(t).__name__}, expected str")
-        if not t.strip():
-            raise EmptyTextError(f"text {i} is empty or whitespace only; it cannot be embedded")
+        if is_blank_text(t):
+            raise EmptyTextError(f"text {i} is empty or whitespace only (zero-width, format and control "
+                                 "characters count as whitespace); it cannot be embedded")
         out[i] = check_text(t, f"text {i}")  # np.str_ kept as str
     return out
 

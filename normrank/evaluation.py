@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from normrank._validation import is_blank_text
 from normrank.cache import encode_cached
 from normrank.datasets import available_splits, load_beir, load_qrels, read_qrels_file
 from normrank.encoders import RawEncoder
@@ -147,8 +148,8 @@ def load_collection(path: str | os.PathLike[str], splits: Sequence[str], encoder
     vecs, counts = encode_cached(encoder, texts, show_progress=show_progress)
     coll = Collection(ds.name, ids, texts, skipped, vecs, counts, ds.queries, qrels)
     judged = sorted({q for qr in qrels.values() for q in has_relevant(qr)})
-    coll.skipped_queries = [q for q in judged if not ds.queries[q].strip()]
-    wanted = [q for q in judged if ds.queries[q].strip()]
+    coll.skipped_queries = [q for q in judged if is_blank_text(ds.queries[q])]
+    wanted = [q for q in judged if not is_blank_text(ds.queries[q])]
     if wanted:
         qv, qc = encode_cached(encoder, [ds.queries[q] for q in wanted], show_progress=False)
         coll.query_vectors = dict(zip(wanted, qv))

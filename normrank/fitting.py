@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from normrank._validation import check_option
+from normrank._validation import check_option, is_blank_text
 from normrank.calibration import FEATURES
 from normrank.candidate_set import CandidateSet
 from normrank.errors import (
@@ -318,7 +318,7 @@ def fit_index(index: Any, queries: Mapping[str, str], qrels: Mapping[str, Mappin
     qids = [q for q in has_relevant(qrels)]
     if not qids:
         raise EmptyCorpusError("no query in the qrels has a relevant document")
-    blank = [q for q in qids if not isinstance(queries[q], str) or not queries[q].strip()]
+    blank = [q for q in qids if not isinstance(queries[q], str) or is_blank_text(queries[q])]
     if blank:  # named by query id, not by position in the batch
         raise EmptyTextError(f"{len(blank)} labelled queries have no text to encode, e.g. {blank[:3]}")
     vectors, counts = index.encoder.encode_with_counts([queries[q] for q in qids])

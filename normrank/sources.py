@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from normrank._validation import is_blank_text
 from normrank.errors import DatasetError
 
 #: File suffixes ``read_source`` indexes in a folder.
@@ -71,7 +72,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
         raise DatasetError(f"no such file or folder: {path}")
     ids, texts, metas, skipped = [], [], [], []
     for did, text, meta in rows:
-        if text.strip():
+        if not is_blank_text(text):
             ids.append(did)
             texts.append(text)
             metas.append(meta)

@@ -236,11 +236,20 @@ def test_empty_corpus(encoder, store, tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
-@pytest.mark.parametrize("blank", ["", "   ", "\n\t "])
+@pytest.mark.parametrize("blank", ["", "   ", "\n\t ", "\u200b", "\ufeff\u00ad \u200d", "\x01\x7f"])
 def test_empty_or_whitespace_texts(store, blank):
+    # zero-width, format and control characters: the tokenizer drops them, so the text was stored as
+    # the bare [CLS] [SEP] vector
     refused(store, lambda: store.add_texts(["A fine passage.", blank], ids=["t0", "t1"]),
-            EmptyTextError, "text 1 is empty or whitespace only; it cannot be embedded")
+            EmptyTextError, "text 1 is empty or whitespace only")
     refused(store, lambda: store.search(blank, 3), EmptyTextError, "text 0 is empty or whitespace only")
+
+
+def test_text_with_invisible_characters_and_words_is_kept(store):
+    text = "\u200bA zebra\u00adcrossing painted on the street.\ufeff"
+    store.add_texts([text], ids=["zw"])
+    assert store.get(["zw"])[0].text == text
+    assert store.search("\u200bzebra crossing on a street", 1)[0].id == "zw"
 
 
 def test_non_string_texts(store, encoder, two):

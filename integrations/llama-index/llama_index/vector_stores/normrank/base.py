@@ -65,7 +65,7 @@ from llama_index.core.vector_stores.types import (
 )
 from llama_index.core.vector_stores.utils import metadata_dict_to_node, node_to_metadata_dict
 
-from normrank._validation import MAX_METADATA_BYTES, check_metadata, check_text
+from normrank._validation import MAX_METADATA_BYTES, check_metadata, check_text, is_blank_text
 from normrank.encoders import RawEncoder
 from normrank.errors import (
     DuplicateIdError,
@@ -396,7 +396,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
             # sees it (stored as None, in silence)
             check_metadata(n.metadata, f"node {n.node_id!r} metadata")
             embed_text = n.get_content(metadata_mode=MetadataMode.EMBED)
-            if not embed_text.strip():
+            if is_blank_text(embed_text):
                 raise EmptyTextError(f"node {n.node_id!r} has no text: it has no meaning to embed or rank")
             meta = node_to_metadata_dict(n, remove_text=True, flat_metadata=False)
             # ... and what is stored, also by node id: LlamaIndex repeats the metadata inside _node_content,
@@ -549,14 +549,14 @@ class NormRankVectorStore(BasePydanticVectorStore):
             raise InvalidArgumentError(f"similarity_top_k must be a positive integer, got {k!r}")
         _combine(query.filters, query.node_ids, query.doc_ids)  # named before any encoding; built under the lock
         text = query.query_str
-        if query.query_embedding is None and (not isinstance(text, str) or not text.strip()):
+        if query.query_embedding is None and (not isinstance(text, str) or is_blank_text(text)):
             raise InvalidArgumentError("the query has neither a query_embedding nor a query_str to search by")
         if len(self._index) == 0:  # before any encoding; checked again under the lock below
             return self._empty()
         # Encode before taking the lock (the slow part); then count and search one state, so a concurrent
         # delete through this store cannot leave k larger than what is stored.
         encoder = self._index.encoder
-        has_text = isinstance(text, str) and bool(text.strip())
+        has_text = isinstance(text, str) and not is_blank_text(text)
         if query.query_embedding is not None:
             vector = np.asarray(query.query_embedding, dtype=np.float32)
             # only the query-conditioned weight (b != 0) needs the count: a fixed blend searches by the vector
