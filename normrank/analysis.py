@@ -193,8 +193,8 @@ def format_analysis(a: Analysis) -> str:
            f"{'' if a.truncation.get('exact', True) else '; no texts stored: those of exactly that length count too'})"
            if a.truncation else ""),
         *([f"  {a.truncation['truncated']} documents were cut at the model's window: only their beginning is "
-           "embedded; index long files in chunks (`normrank index` chunks by default; Python: "
-           "normrank.chunking.chunk_texts)"] if a.truncation.get("truncated") else []),
+           "embedded; index them in chunks (`normrank index` chunks files by default, BEIR and JSONL rows with "
+           "--chunk-rows; Python: normrank.chunking.chunk_texts)"] if a.truncation.get("truncated") else []),
         f"calibrated g:  median {f['median']:+.3f}  5-95% {f['p05']:+.3f}..{f['p95']:+.3f}",
         f"Spearman with token count: raw norm {a.spearman_norm_length:+.3f}, "
         f"raw feature {a.spearman_raw_feature_length:+.3f}, calibrated feature {a.spearman_feature_length:+.3f}",

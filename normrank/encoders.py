@@ -385,7 +385,7 @@ class RawEncoder:
             logger.warning(
                 "%d of %d texts are longer than the model's window of %d tokens and were truncated: only "
                 "their beginning is embedded. Split long documents into chunks (normrank.chunking.chunk_texts, "
-                "or `normrank index`, which chunks by default). Logged once per encoder, with the counts of this "
+                "or `normrank index`, which chunks files by default and BEIR/JSONL rows with --chunk-rows). Logged once per encoder, with the counts of this "
                 "call; encoder.truncated_texts keeps the running total.", n, truncated.size, self.max_tokens)
 
     def _encode_prepared(self, heads: list[str], show: bool) -> np.ndarray:

@@ -303,6 +303,11 @@ class Evaluator:
             folds = int(protocol.folds or 5)
             if len(eval_qids) < folds:
                 raise InvalidArgumentError(f"{len(eval_qids)} judged queries cannot be split into {folds} folds")
+            smallest_train = len(eval_qids) - -(-len(eval_qids) // folds)
+            if smallest_train < 2:  # the fit needs 2; its own error did not say the folds were why
+                raise InvalidArgumentError(
+                    f"{len(eval_qids)} judged queries in {folds} folds leave {smallest_train} query to fit a fold on, "
+                    "and a fit needs at least 2: use more folds or label more queries")
             order = np.random.default_rng(protocol.seed).permutation(len(eval_qids))
             splits = []
             for f in range(folds):

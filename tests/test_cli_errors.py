@@ -222,3 +222,15 @@ def test_load_beir_names_a_text_that_is_not_a_string(tmp_path):
     (tmp_path / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": 42}) + "\n", encoding="utf-8")
     with pytest.raises(DatasetError, match=r"queries\.jsonl:1 has a 'text' that is a int"):
         load_beir(tmp_path)
+
+
+def test_folds_that_leave_a_fold_one_training_query_are_named(tmp_path, capsys, encoder):
+    """3 judged queries in 2 folds: one fold fits on 1 query. The fit's own error ("needs at least 2
+    labelled queries") did not say that the folds were why."""
+    root = _beir(tmp_path / "coll")
+    lines = (root / "qrels" / "test.tsv").read_text().splitlines()
+    (root / "qrels" / "test.tsv").write_text("\n".join(lines[:4]) + "\n")  # header + 3 judged queries
+    assert main(["eval", str(root), "--folds", "2", "--no-progress"]) == 1
+    line = _one_error_line(capsys, "eval")
+    assert "3 judged queries in 2 folds leave 1 query to fit a fold on" in line and "more folds" in line
+    assert main(["eval", str(root), "--folds", "3", "--no-progress"]) == 0  # 2 training queries per fold
