@@ -179,7 +179,9 @@ def metadata_filter(filters: MetadataFilters | None) -> Predicate | None:
     the filters holds), and a filter may itself be a ``MetadataFilters`` (nested). A missing key
     matches only ``!=``, ``nin`` and ``is_empty``; order operators compare numbers with numbers and
     strings with strings (anything else does not match); ``contains`` matches a list holding the value
-    or, as in ``SimpleVectorStore``, a string holding it; ``any``/``all`` need a list-valued key. Values that make no sense for their operator are refused
+    or, as in ``SimpleVectorStore``, a string holding it; ``any``/``all`` need a list-valued key; ``in``/``nin``
+    on a list-valued key test its items (any item in the values; ``SimpleVectorStore`` tests the whole list
+    as one value, which never matches a list of scalars). Values that make no sense for their operator are refused
     here, before any search, with :class:`normrank.errors.InvalidArgumentError`.
     """
     if filters is None:
