@@ -27,6 +27,7 @@ processes, ``save``/``load`` of one folder are ordered by a file lock
 
 from __future__ import annotations
 
+import copy
 import errno
 import gc
 import json
@@ -221,6 +222,9 @@ class NormIndex(BlendIndexBase):
         self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
         self._labels_view: memoryview | None = None  # _labels read without NumPy (see _additive_hits)
         self._origin: tuple[str, str] | None = None  # (folder, version) loaded from or last saved: save(if_unchanged)
+        #: Small JSON state a framework adapter keeps with the index, saved and loaded with it (the LlamaIndex
+        #: store's deleted reference-node ids, which LlamaIndex keeps naming after the delete).
+        self.adapter_state: dict[str, Any] = {}
         self._lock = threading.RLock()
 
     @property
@@ -986,6 +990,7 @@ class NormIndex(BlendIndexBase):
         if not isinstance(if_unchanged, bool):
             raise InvalidArgumentError(f"if_unchanged must be True or False, got {if_unchanged!r}")
         with self._lock:
+            adapter_state = _checked_adapter_state(self.adapter_state)  # refused before anything is written
             if self._index is None:
                 self._start_empty()
             # Deleted documents must not reach the file (HNSW kept their vectors): compact first. The
@@ -1023,6 +1028,7 @@ class NormIndex(BlendIndexBase):
                     "calibrator": self.calibrator.to_dict(),
                     "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
                     "encoder": self._encoder.describe() if self._encoder is not None else None,
+                    "adapter_state": adapter_state,
                 }, indent=2))
 
             root = str(Path(path).resolve())
@@ -1117,6 +1123,7 @@ class NormIndex(BlendIndexBase):
                                   if state["query_calibrator"] else None),
             )
             index._auto_calibrated = state["auto_calibrated"]
+            index.adapter_state = copy.deepcopy(state.get("adapter_state") or {})  # older saves have none
             root = Path(path).resolve()
             if folder.parent.resolve() == root and folder.name != CURRENT:  # a copy without links: no version
                 index._origin = (str(root), folder.name)
@@ -1284,6 +1291,18 @@ def _check_state(state: Any, path: Any) -> None:
     scale = state.get("column_scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
         raise IndexFormatError(f"the index at {path} has an invalid column_scale {scale!r} in state.json")
+    if not isinstance(state.get("adapter_state", {}), dict):
+        raise IndexFormatError(f"the index at {path} has an adapter_state in state.json that is not a JSON object")
+
+
+def _checked_adapter_state(value: Any) -> dict[str, Any]:
+    """``NormIndex.adapter_state`` as saved: a JSON object, refused by name before anything is written."""
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"adapter_state must be a dict, got {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"adapter_state must hold JSON values only: {exc}") from None
 
 
 def _faiss_ids(index: Any, index_type: str) -> np.ndarray:

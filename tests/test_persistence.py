@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from normrank import IndexFormatError, NormIndex, RawEncoder, Weights, persistence
+from normrank import IndexFormatError, InvalidArgumentError, NormIndex, RawEncoder, Weights, persistence
 from normrank.doc_columns import COLUMN_FILES
 from normrank.store import FORMAT_VERSION, SAVED_FILES
 from tests.conftest import synthetic
@@ -818,3 +818,21 @@ def test_a_sweep_interrupted_part_way_is_finished_by_the_next_save(tmp_path, mon
     assert loaded.search(vecs[3], 5) == index.search(vecs[3], 5)
     index.save(root)  # ... and the next save sweeps the leftover
     assert sorted(p.name for p in root.iterdir() if p.name.startswith("v-")) == [os.readlink(root / "current")]
+
+
+def test_adapter_state_is_saved_checked_and_loaded(tmp_path):
+    """``NormIndex.adapter_state`` (what an adapter keeps with the index) is saved with it and loaded back;
+    a value JSON cannot hold is refused by name before anything is written, and an old save has none."""
+    index = make_index()
+    assert index.adapter_state == {}
+    index.adapter_state["llama_index"] = {"deleted_reference_nodes": ["in1", "é"]}
+    index.save(tmp_path / "idx")
+    again = NormIndex.load(tmp_path / "idx")
+    assert again.adapter_state == {"llama_index": {"deleted_reference_nodes": ["in1", "é"]}}
+    again.adapter_state["x"] = {1, 2}
+    with pytest.raises(InvalidArgumentError, match="adapter_state must hold JSON values only"):
+        again.save(tmp_path / "idx")
+    again.adapter_state["x"] = float("nan")
+    with pytest.raises(InvalidArgumentError, match="adapter_state must hold JSON values only"):
+        again.save(tmp_path / "idx")
+    assert NormIndex.load(tmp_path / "idx").adapter_state == {"llama_index": {"deleted_reference_nodes": ["in1", "é"]}}

@@ -856,6 +856,32 @@ def test_deleting_the_index_nodes_leaves_the_text_nodes_retrievable(encoder, emb
     assert store.query(q).ids == []
 
 
+def test_deleted_index_nodes_are_known_after_persist_and_reload(encoder, embed, tmp_path):
+    """The deleted reference-node ids are saved with the index (``NormIndex.adapter_state``): a store persisted
+    after deleting its only ``IndexNode`` and loaded again read the ``nodes_dict`` LlamaIndex still passes
+    (``['in1']``) as a restriction to a node it does not hold, and every retrieval came back empty."""
+    from llama_index.core.schema import IndexNode
+
+    store = NormRankVectorStore(encoder=encoder)
+    nodes = [TextNode(text="Paris is the capital of France.", id_="t0"),
+             TextNode(text="Berlin is the capital of Germany.", id_="t1"),
+             IndexNode(text="A summary table about French cities.", index_id="t0", id_="in1")]
+    vindex = VectorStoreIndex(nodes, embed_model=embed, storage_context=StorageContext.from_defaults(vector_store=store))
+    vindex.delete_nodes(["in1"])
+    before = [(n.node.node_id, n.score) for n in vindex.as_retriever(similarity_top_k=5).retrieve("capital")]
+    assert sorted(i for i, _ in before) == ["t0", "t1"]
+    vindex.storage_context.persist(tmp_path)
+    loaded = NormRankVectorStore.from_persist_dir(tmp_path, encoder=encoder)
+    again = load_index_from_storage(StorageContext.from_defaults(vector_store=loaded, persist_dir=tmp_path),
+                                    embed_model=embed)
+    assert list(again.index_struct.nodes_dict.values()) == ["in1"]  # what LlamaIndex passes as node_ids
+    after = [(n.node.node_id, n.score) for n in again.as_retriever(similarity_top_k=5).retrieve("capital")]
+    assert after == [(i, pytest.approx(s)) for i, s in before]
+    # an explicit restriction to a node the store never held still restricts
+    q = VectorStoreQuery(query_embedding=embed.get_query_embedding("capital"), similarity_top_k=3, node_ids=["gone"])
+    assert loaded.query(q).ids == []
+
+
 def test_store_nodes_override_ranks_as_the_default_index(encoder, embed, demo_texts):
     """``store_nodes_override=True`` lists every node in ``nodes_dict``, which LlamaIndex passes as
     ``node_ids``: naming every node the store holds restricts nothing and is read so (as a Python filter it

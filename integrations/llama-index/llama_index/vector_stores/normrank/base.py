@@ -89,6 +89,8 @@ from llama_index.retrievers.normrank.base import (
     with_explanation,
 )
 
+#: This store's key in ``NormIndex.adapter_state`` (saved with the index).
+_ADAPTER_KEY = "llama_index"
 #: Metadata key holding the node id beside LlamaIndex's ``_node_content`` (``node_ids`` filters read it).
 NODE_ID_KEY = "_node_id"
 #: Node classes LlamaIndex's ``VectorStoreIndex`` lists in its ``nodes_dict`` when the store keeps the text.
@@ -484,7 +486,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
             try:
                 references = self._reference_ids(ids)
                 self._index.delete(ids)
-                self._former_references.update(references)
+                self._remember_references(references)
                 return
             except UnknownIdError:
                 continue
@@ -524,6 +526,25 @@ class NormRankVectorStore(BasePydanticVectorStore):
         """Delete every node. The index keeps its settings, weights and calibration."""
         with self._lock:
             self._delete_where(self._index.ids)
+
+    def _former_reference_ids(self) -> set[str]:
+        """Ids of IndexNode / ImageNode nodes deleted through this store (see :meth:`_is_nodes_dict`)."""
+        state = getattr(self._index, "adapter_state", None)
+        mine = state.get(_ADAPTER_KEY) if isinstance(state, dict) else None
+        saved = mine.get("deleted_reference_nodes") if isinstance(mine, dict) else None
+        if not isinstance(saved, list):
+            return self._former_references
+        return self._former_references | {x for x in saved if isinstance(x, str)}
+
+    def _remember_references(self, ids: list[str]) -> None:
+        """Keep deleted reference-node ids, with a ``NormIndex`` in its saved state: LlamaIndex names them in
+        every retrieval after the delete, and a store loaded from disk without them emptied every retrieval."""
+        self._former_references.update(ids)
+        state = getattr(self._index, "adapter_state", None)
+        if ids and isinstance(state, dict):
+            mine = state.get(_ADAPTER_KEY)
+            mine = state[_ADAPTER_KEY] = mine if isinstance(mine, dict) else {}
+            mine["deleted_reference_nodes"] = sorted(self._former_reference_ids() | set(ids))
 
     def _reference_ids(self, ids: list[str]) -> list[str]:
         """Those of ``ids`` that are IndexNode or ImageNode nodes (see :meth:`_is_nodes_dict`)."""
@@ -592,14 +613,16 @@ class NormRankVectorStore(BasePydanticVectorStore):
         LlamaIndex never takes a deleted node out of the ``nodes_dict`` of a store that keeps the text, so
         once its reference nodes are deleted it names only ids the store no longer holds. Read as a
         restriction, that emptied every retrieval; ids that were all reference nodes deleted through this
-        store are read as the ``nodes_dict`` too (a store opened anew in another process does not know them).
+        store are read as the ``nodes_dict`` too. A ``NormIndex`` saves them (``adapter_state``), so a store
+        persisted and loaded again knows them; a pgvector-backed store knows those its own handle deleted.
         """
         if not node_ids:
             return False
         named = list(dict.fromkeys(_strings(node_ids, "node_ids")))
         held = [x for x in named if x in self._index]
         if not held:
-            return bool(named) and all(x in self._former_references for x in named)
+            former = self._former_reference_ids()
+            return bool(named) and all(x in former for x in named)
         if len(held) == len(self._index):
             # every node the store holds is named (store_nodes_override=True lists them all): a restriction to
             # all of them restricts nothing, and as a filter over 20k nodes it cost 0.75 s a query
