@@ -64,6 +64,13 @@ MARKER = ".normrank"
 #: Marker file inside every version folder, written first: the folder is normrank's to sweep.
 VERSION_MARKER = ".normrank-version"
 _VERSION_NAME = re.compile(r"v-[0-9a-f]{32}")
+#: Every file name a version folder of a saved index can hold, in any format (``tests/test_persistence.py``
+#: checks it against the store's): a ``v-<hex>`` folder without the version marker or a manifest (a save
+#: from before the marker, killed half-written) is normrank's only if it holds nothing else.
+VERSION_FILE_NAMES = frozenset({
+    MANIFEST, VERSION_MARKER, "index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json",
+    "records.jsonl", "ids.utf8", "texts.utf8", "lengths.npy", "metadata.json",
+})
 _LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 #: Bytes per piece of a big file's piece checksums (manifest ``pieces``); a multiple of every page size.
@@ -214,7 +221,7 @@ def _entry_kind(p: Path) -> str | None:
         return "file"
     if name == CURRENT and p.is_symlink() and _VERSION_NAME.fullmatch(os.readlink(p)):
         return "current"
-    if _VERSION_NAME.fullmatch(name) and p.is_dir() and not p.is_symlink():
+    if _VERSION_NAME.fullmatch(name) and (_owned_version(p) or _holds_only_index_files(p)):
         return "version"
     if _LINK_NAME.fullmatch(name) and p.is_symlink():
         return "link"
@@ -361,6 +368,20 @@ def _copied_without_links(root: Path) -> bool:
     return not current.is_symlink() and current.is_dir() and (current / VERSION_MARKER).is_file()
 
 
+def _holds_only_index_files(p: Path) -> bool:
+    """A ``v-<hex>`` folder holding only files a save writes (see :data:`VERSION_FILE_NAMES`).
+
+    Why: a folder whose only entry was a user's ``v-<32 hex>/`` folder (or an old index folder with one
+    beside its versions) passed for an index saved before the marker existed, and a save into it
+    deleted the user's folder and files."""
+    if not _VERSION_NAME.fullmatch(p.name) or not p.is_dir() or p.is_symlink():
+        return False
+    try:
+        return all(e.name in VERSION_FILE_NAMES and e.is_file() and not e.is_symlink() for e in p.iterdir())
+    except OSError:
+        return False
+
+
 def _owned_version(p: Path) -> bool:
     """A version folder normrank wrote: its marker, a normrank manifest, or empty (killed right after mkdir)."""
     if not _VERSION_NAME.fullmatch(p.name) or not p.is_dir() or p.is_symlink():
@@ -413,8 +434,7 @@ def _remove_stale(root: Path, keep: str, every_version: bool = False) -> None:
     for p in root.iterdir():
         if p.name in (keep, CURRENT, LOCK, MARKER):
             continue
-        if _owned_version(p) or (every_version and _VERSION_NAME.fullmatch(p.name) and p.is_dir()
-                                 and not p.is_symlink()):
+        if _owned_version(p) or (every_version and _VERSION_NAME.fullmatch(p.name) and _holds_only_index_files(p)):
             remove_version(p)
         elif _LINK_NAME.fullmatch(p.name) and p.is_symlink():
             p.unlink(missing_ok=True)

@@ -165,6 +165,43 @@ def test_an_index_saved_before_the_marker_still_loads_and_saves(tmp_path):
     assert observable(NormIndex.load(root)) == observable(index)
 
 
+def test_a_users_folder_named_like_a_version_is_never_taken_for_one(tmp_path):
+    """A ``v-<32 hex>`` folder holding anything a save does not write is the user's: a folder whose only
+    entry it was passed for an index saved before the marker, and a save deleted it with its files; one
+    beside an old index's versions was swept with them."""
+    user = f"v-{'0123456789abcdef' * 2}"
+    alone = tmp_path / "alone"
+    (alone / user).mkdir(parents=True)
+    (alone / user / "thesis.tex").write_text("three years of work")
+    index, _, _ = make(n=40)
+    with pytest.raises(IndexFormatError, match="not a normrank index; refusing to write into it"):
+        index.save(alone)
+    assert sorted(p.name for p in alone.iterdir()) == [user]
+    assert (alone / user / "thesis.tex").read_text() == "three years of work"
+
+    root = tmp_path / "idx"
+    old = index.save(root)
+    (root / persistence.MARKER).unlink()  # an index saved before the marker ...
+    (old / persistence.VERSION_MARKER).unlink()
+    (root / user).mkdir()  # ... with the user's folder beside it: foreign, so the folder is refused whole
+    (root / user / "notes.txt").write_text("keep")
+    with pytest.raises(IndexFormatError, match="not a normrank index; refusing to write into it"):
+        index.save(root)
+    assert (root / user / "notes.txt").read_text() == "keep" and old.exists()
+    assert observable(NormIndex.load(root)) == observable(index)
+
+
+def test_version_file_names_cover_every_file_a_save_writes(tmp_path):
+    from normrank.doc_columns import COLUMN_FILES
+    from normrank.store import SAVED_FILES
+
+    assert {*SAVED_FILES, *COLUMN_FILES, "records.jsonl", persistence.MANIFEST,
+            persistence.VERSION_MARKER} <= persistence.VERSION_FILE_NAMES
+    index, _, _ = make(n=10)
+    version = index.save(tmp_path / "idx")
+    assert {p.name for p in version.iterdir()} <= persistence.VERSION_FILE_NAMES
+
+
 # ------------------------------------------------------------------ 2 and 10. text and metadata at the door
 
 BAD_TEXT = "caf\udcff"
