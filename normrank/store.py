@@ -499,6 +499,11 @@ class NormIndex(BlendIndexBase):
                 self._ensure_index(unit * norms[:, None].astype(np.float32), norms, counts, self.calibrator)
                 g = self._shaped_feature(self.calibrator, norms, counts)
                 self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), live)
+            elif self.index_type == "ivf":
+                # emptied: keep the trained quantizer, empty. Without it the index could not save ("an IVF
+                # index that never held a document") and the folder kept the deleted documents.
+                old_index.reset()
+                self._index = old_index
         except BaseException:
             self._index, self._tombstones = old_index, old_tombstones
             raise

@@ -836,3 +836,21 @@ def test_adapter_state_is_saved_checked_and_loaded(tmp_path):
     with pytest.raises(InvalidArgumentError, match="adapter_state must hold JSON values only"):
         again.save(tmp_path / "idx")
     assert NormIndex.load(tmp_path / "idx").adapter_state == {"llama_index": {"deleted_reference_nodes": ["in1", "é"]}}
+
+
+@pytest.mark.parametrize("change", [Weights(a=0.5, feature="raw"), Weights(a=0.5, mode="tiebreak")])
+def test_an_emptied_ivf_index_saves_after_a_blend_change(tmp_path, change):
+    """Deleting every document, then changing the feature or mode, rebuilt the index to nothing: the save
+    failed with "an IVF index that never held a document", and the folder kept the deleted documents."""
+    index = make_index(n=200, index_type="ivf", nlist=4)
+    index.save(tmp_path / "idx")
+    index.delete(index.ids())
+    index.set_weights(change)
+    index.save(tmp_path / "idx")
+    again = NormIndex.load(tmp_path / "idx")
+    assert len(again) == 0 and again.weights == change
+    vecs, counts = synthetic(20, dim=16, seed=9)
+    again.add_vectors(vecs, counts, ids=[f"n{i}" for i in range(20)])
+    assert len(again.search(vecs[3], 5)) == 5
+    again.set_weights(Weights())
+    assert [h.id for h in again.search(vecs[3], 1)] == ["n3"]
