@@ -6,12 +6,16 @@ so neither imports the other.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from normrank._validation import is_blank_text
+from normrank._validation import check_metadata, check_text, is_blank_text
 from normrank.errors import DatasetError
+
+logger = logging.getLogger(__name__)
 
 #: File suffixes ``read_source`` indexes in a folder.
 TEXT_SUFFIXES = (".txt", ".md")
@@ -51,9 +55,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
         if corpus is not None:
             rows = _jsonl_rows(iter_jsonl(corpus), corpus)
         else:
-            # hidden files and folders (.git, .venv, editor backups) are not the user's documents
-            files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
-                           and not any(part.startswith(".") for part in p.relative_to(path).parts))
+            files = _text_files(path)
             if not files:
                 raise DatasetError(f"{path} has no corpus.jsonl[.gz] (BEIR) and no .txt or .md files to index")
             for f in files:
@@ -81,6 +83,30 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
     return ids, texts, metas, skipped
 
 
+def _text_files(root: Path) -> list[Path]:
+    """The .txt/.md files under ``root``, following linked folders once each.
+
+    Why not ``Path.rglob``: on Python 3.11 it does not enter a linked folder, so ``docs/shared ->
+    ../shared`` was skipped without a word while linked files were read. A folder reached again (a link
+    loop, or two links to one folder) is read only the first time. Hidden files and folders (.git, .venv,
+    editor backups) are not the user's documents."""
+    files: list[Path] = []
+    seen: set[str] = set()
+    for folder, subfolders, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            logger.warning("%s leads to a folder already read (%s); not read again", folder, real)
+            subfolders[:] = []
+            continue
+        seen.add(real)
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith("."))  # the first link read is stable
+        for name in names:
+            p = Path(folder) / name
+            if not name.startswith(".") and p.suffix.lower() in TEXT_SUFFIXES and p.is_file():
+                files.append(p)
+    return sorted(files)
+
+
 def _undecodable(name: str) -> bool:
     """Whether a file name read from disk held bytes that are not UTF-8 (``os.fsdecode`` keeps them as
     lone surrogates)."""
@@ -102,10 +128,16 @@ def read_text_file(path: str | Path) -> str:
         raise DatasetError(f"{f} is a folder, not a text file") from exc
 
 
+#: The fields of a corpus row that are not its metadata.
+_ROW_FIELDS = frozenset({"_id", "id", "title", "text", "metadata"})
+
+
 def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, str, dict]]:
     """(id, text, metadata) per row. The id is ``_id`` (else ``id``), named like ``load_beir`` names it
     when it is null, empty, a list or a dict (``"_id": null`` became the id "None"); a row with
-    neither is numbered by its line. A repeated id names both lines."""
+    neither is numbered by its line. A repeated id names both lines. The metadata is the row's
+    ``metadata`` object plus its other fields (``url``, ``year``: they were dropped without a word);
+    text, title and metadata that no store accepts are named by file and line."""
     from normrank.datasets import _row_id, _row_text
 
     out = []
@@ -120,9 +152,16 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, 
             raise DatasetError(f"{path}:{no} repeats document id {did!r} (first on line {first[did]}); ids must be "
                                "unique")
         first[did] = no
-        title = _row_text(row, path, no, "title").strip()
-        body = _row_text(row, path, no).strip()
-        meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
+        where = f"{path}:{no}"
+        # checked here, by file and line: later checks know only a position in the batch
+        title = check_text(_row_text(row, path, no, "title"), f"{where} title").strip()
+        body = check_text(_row_text(row, path, no), f"{where} text").strip()
+        own = row.get("metadata")
+        if own is not None and not isinstance(own, dict):
+            raise DatasetError(f"{where} has a 'metadata' that is a {type(own).__name__}; expected a JSON object")
+        # other fields of the row (url, year, ...) are its metadata too; the row's own metadata wins a clash
+        extra = {k: v for k, v in row.items() if k not in _ROW_FIELDS}
+        meta = check_metadata({**extra, **(own or {})}, f"{where} metadata")
         if title:
             meta.setdefault("title", title)  # a row's own metadata title is the user's: kept
         out.append((did, f"{title}\n{body}".strip() if title else body, meta))
