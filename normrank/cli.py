@@ -257,6 +257,48 @@ def _chunk(args: argparse.Namespace, config: Any, encoder: Any, ids: list[str], 
     return ids, texts, metas
 
 
+def _blend_text(w: Any) -> str:
+    return f"a={w.a:g}, b={w.b:g}" + ("" if w.mode == "additive" else f", mode {w.mode}") + (
+        "" if w.feature == "calibrated" else f", feature {w.feature}")
+
+
+def _carry_over_fit(out: str, config: Any, index: Any) -> None:
+    """Keep the blend (and query calibration) ``normrank fit`` saved at ``out`` when ``index`` rebuilds it.
+
+    Why: re-indexing a folder after adding a file replaced a fitted ``a=0.05`` with the defaults' plain
+    cosine, without a word. As with a YAML's ``store.path`` (:func:`normrank.config._override_weights`),
+    the ``scoring`` keys a config names win; an index encoded with another model keeps nothing, since
+    its blend was fitted to other vectors.
+    """
+    from normrank.calibration import NormCalibrator
+    from normrank.encoders import encoder_differences
+    from normrank.errors import NormRankError
+    from normrank.scoring import Weights
+    from normrank.store import saved_state
+
+    try:
+        state = saved_state(out)
+        weights = Weights.from_saved(state["weights"], f"the index at {out}")
+        query_calibration = state.get("query_calibrator")
+        qcal = NormCalibrator.from_dict(query_calibration) if query_calibration else None
+    except (FileNotFoundError, NormRankError, KeyError):
+        return  # nothing saved there, or nothing readable: the new index replaces it as built
+    if weights.is_cosine and qcal is None:
+        return
+    if encoder_differences(state.get("encoder"), index.encoder):
+        print(f"note: {out} held a blend fitted for another encoder ({_blend_text(weights)}); this index starts "
+              "from the config's scoring: run `normrank fit` on it again", file=sys.stderr)
+        return
+    given = {key: getattr(config.scoring, key) for key in config.scoring.model_fields_set}
+    kept = weights.replace(**given)
+    index.set_weights(kept)
+    if qcal is not None and index.query_calibrator is None:
+        index.query_calibrator = qcal
+    print(f"note: kept the blend fitted earlier in {out} ({_blend_text(kept)}"
+          f"{' and its query calibration' if qcal is not None else ''}); run `normrank fit` again to refit it on "
+          "these documents, or name scoring: keys in a config to replace it", file=sys.stderr)
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     """Encode a corpus with the raw encoder (cached) and save a NormIndex."""
     from normrank.cache import encode_cached
@@ -304,6 +346,8 @@ def cmd_index(args: argparse.Namespace) -> int:
 
         raise EmptyCorpusError(f"{args.source} holds no document with text")
     index = build_index(config)
+    if config.store.backend == "faiss":
+        _carry_over_fit(args.out, config, index)
     ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)

@@ -580,8 +580,19 @@ def warn_if_other_encoder(saved: Mapping[str, Any] | None, encoder: Any, what: s
     differ; ``torch`` and ``onnx`` give the same vectors (``benchmarks/results/onnx.md``), and a batch size
     or device changes nothing, so those pass.
     """
+    diffs = encoder_differences(saved, encoder)
+    if diffs:
+        logger.warning("%s was encoded with another encoder than the one given (%s): queries will not be encoded "
+                       "like its documents and rankings can change; give no encoder to reopen it with its own",
+                       what, "; ".join(diffs))
+
+
+def encoder_differences(saved: Mapping[str, Any] | None, encoder: Any) -> list[str]:
+    """How ``encoder`` differs from the saved ``describe()`` in what changes the vectors (model weights,
+    pooling, window, int8 against full precision), as ``"name old -> new"``; empty when it does not or
+    when either side is unknown."""
     if not saved or not hasattr(encoder, "describe"):
-        return
+        return []
     now = encoder.describe()
 
     def model(m: Any) -> str:
@@ -593,15 +604,11 @@ def warn_if_other_encoder(saved: Mapping[str, Any] | None, encoder: Any, what: s
     def precision(backend: Any) -> str:
         return "int8" if backend == "onnx-int8" else "float32"
 
-    diffs = [f"{name} {a!r} -> {b!r}" for name, a, b in (
+    return [f"{name} {a!r} -> {b!r}" for name, a, b in (
         ("model", model(saved.get("model")), model(now.get("model"))),
         ("pooling", saved.get("pooling", "mean"), now.get("pooling", "mean")),
         ("max_seq_length", saved.get("max_seq_length"), now.get("max_seq_length")),
         ("weights", precision(saved.get("backend")), precision(now.get("backend")))) if a != b]
-    if diffs:
-        logger.warning("%s was encoded with another encoder than the one given (%s): queries will not be encoded "
-                       "like its documents and rankings can change; give no encoder to reopen it with its own",
-                       what, "; ".join(diffs))
 
 
 def truncation_summary(token_counts: Sequence[int] | np.ndarray, max_tokens: int) -> dict[str, Any]:

@@ -678,6 +678,30 @@ def reading_deferred(
             raise _mismatch(bad, root)
 
 
+class _AllBut:
+    """Every name but one: :func:`_verify`'s ``deferred`` (not hashed) for a read of one file."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __contains__(self, other: object) -> bool:
+        return other != self.name
+
+
+def read_verified_file(root: str | os.PathLike[str], format_version: int, name: str) -> bytes:
+    """One file of the current version, checksummed, without hashing the others: a look at a saved index's
+    settings (``normrank index`` carries a fitted blend over) costs nothing like a load."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"no saved index at {root}")
+    if not root.is_dir():
+        raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
+    with _locked(root, exclusive=False):
+        folder, _ = _verify(root, format_version, (name,), _AllBut(name))  # type: ignore[arg-type]
+        with open_nofollow(folder / name, "rb") as fh:
+            return fh.read()
+
+
 def open_verified(
     root: str | os.PathLike[str], format_version: int, required: Iterable[str] = ()
 ) -> tuple[Path, dict[str, Any]]:

@@ -77,6 +77,7 @@ from normrank.persistence import (
     ANY_VERSION,
     CURRENT,
     open_nofollow,
+    read_verified_file,
     reading_deferred,
     release_free_heap,
     write_versioned,
@@ -1273,6 +1274,18 @@ def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:
         want = outer.__name__ + (f"({inner_type.__name__})" if inner_type is not None else "")
         raise IndexFormatError(f"the index at {path} is inconsistent: index.faiss holds a {got}, but state.json "
                                f"says index_type {index_type!r}, saved as an inner-product {want}")
+
+
+def saved_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The settings of the index saved at ``path`` (its checksummed ``state.json``), without loading it.
+
+    Raises ``FileNotFoundError`` when nothing is saved there and :class:`IndexFormatError` when it is broken."""
+    try:
+        state = json.loads(read_verified_file(path, FORMAT_VERSION, "state.json"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"the index at {path} has a state.json that is not valid JSON") from exc
+    _check_state(state, path)
+    return state
 
 
 def _check_state(state: Any, path: Any) -> None:

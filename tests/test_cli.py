@@ -382,3 +382,33 @@ def test_output_into_a_closed_pipe_stops_quietly(built, tmp_path):
     done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
     assert done.stdout.count("\n") == 1 and done.stderr == ""
     assert done.returncode == 0
+
+
+def test_reindexing_a_folder_keeps_the_fitted_blend(tmp_path, capsys, encoder):
+    """`normrank index` into a folder that `fit` had tuned replaced the fitted blend (a=0.05) and the query
+    calibration with the defaults' plain cosine, without a word. They are kept, with a note; a config's
+    `scoring:` keys still win, as they do over a YAML's store.path."""
+    from normrank import Weights
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, t in enumerate(["Stars fuse hydrogen into helium.", "Bread rises with yeast.",
+                           "Rivers carve valleys.", "Vaccines train the immune system."]):
+        (docs / f"d{i}.txt").write_text(t, encoding="utf-8")
+    out = tmp_path / "idx"
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 0
+    tuned = NormIndex.load(out)
+    tuned.set_weights(Weights(a=0.05, b=0.01))
+    tuned.calibrate_queries(["how do stars shine", "bread", "what carves a valley in the mountains", "vaccines"] * 3)
+    tuned.save(out)
+    (docs / "d9.txt").write_text("Glaciers move slowly.", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 0
+    assert "kept the blend fitted earlier" in capsys.readouterr().err
+    again = NormIndex.load(out)
+    assert len(again) == 5 and again.weights == Weights(a=0.05, b=0.01)
+    assert again.query_calibrator.to_dict() == tuned.query_calibrator.to_dict()
+    cfg = tmp_path / "normrank.yaml"
+    cfg.write_text("scoring:\n  a: 0.0\n", encoding="utf-8")
+    assert main(["index", str(docs), "--out", str(out), "--config", str(cfg), "--no-progress"]) == 0
+    assert NormIndex.load(out).weights == Weights(a=0.0, b=0.01)
