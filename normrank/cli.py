@@ -525,6 +525,15 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if missing and not args.allow_missing_docs:
         from normrank.errors import UnknownIdError
 
+        # a file chunked into passages is stored as path#0, path#1, ...: it is there, under other ids
+        chunked = {i.rsplit("#", 1)[0] for i in known if "#" in i}
+        split = [d for d in missing if d in chunked]
+        if split:
+            raise UnknownIdError(
+                f"the qrels name {len(split)} document(s) that `normrank index` split into passages (ids "
+                f"path#0, path#1, ...): {_few(split)}. The fit judges what the index returns, passages: judge "
+                "passages in the qrels, or index without chunking (--no-chunking for files; rows are split only "
+                "with --chunk-rows) so each document keeps its id; --allow-missing-docs would count them as relevant but unretrievable")
         raise UnknownIdError(
             f"the qrels name {len(missing)} document(s) that are not in the index: {_few(missing)}. `normrank "
             "index` skips documents with no text (it printed a note naming them), so a qrels entry for an empty "

@@ -412,3 +412,23 @@ def test_reindexing_a_folder_keeps_the_fitted_blend(tmp_path, capsys, encoder):
     cfg.write_text("scoring:\n  a: 0.0\n", encoding="utf-8")
     assert main(["index", str(docs), "--out", str(out), "--config", str(cfg), "--no-progress"]) == 0
     assert NormIndex.load(out).weights == Weights(a=0.0, b=0.01)
+
+
+def test_fit_names_qrels_that_judge_a_chunked_file(tmp_path, capsys, encoder):
+    """The qrels name `notes/whales.txt`, which `normrank index` stored as passages `notes/whales.txt#0..#n`.
+    The error said such documents were empty or from another corpus and advised --allow-missing-docs,
+    which would fit with every judged file unretrievable."""
+    docs = tmp_path / "docs" / "notes"
+    docs.mkdir(parents=True)
+    (docs / "whales.txt").write_text("Whales are large marine mammals that breathe air. " * 80, encoding="utf-8")
+    (docs / "bread.txt").write_text("Bread rises with yeast.", encoding="utf-8")
+    out = tmp_path / "idx"
+    assert main(["index", str(tmp_path / "docs"), "--out", str(out), "--no-progress"]) == 0
+    assert any(i.startswith("notes/whales.txt#") for i in NormIndex.load(out).ids())
+    queries = _jsonl(tmp_path / "q.jsonl", [{"_id": "1", "text": "whales"}, {"_id": "2", "text": "bread"}])
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("1\tnotes/whales.txt\t1\n2\tnotes/bread.txt\t1\n")
+    capsys.readouterr()
+    assert main(["fit", str(out), "--queries", str(queries), "--qrels", str(qrels)]) == 1
+    err = capsys.readouterr().err
+    assert "split into passages" in err and "'notes/whales.txt'" in err and "--no-chunking" in err
