@@ -461,7 +461,10 @@ ID_WIDTH = 48
 
 
 def _short_id(doc_id: str, width: int) -> str:
-    """The id whole, or its start and its (more telling: file name, chunk number) end around an ellipsis."""
+    """The id whole, or its start and its (more telling: file name, chunk number) end around an ellipsis.
+    Control characters (a file name with a newline or tab) are shown escaped: printed raw they broke the table."""
+    if not doc_id.isprintable():
+        doc_id = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in doc_id)
     if len(doc_id) <= width:
         return doc_id
     head = (width - 1) // 3

@@ -55,7 +55,7 @@ def default_data_dir() -> Path | None:
 
 
 def _open(path: Path) -> Iterator[bytes]:
-    opener = gzip.open if path.suffix == ".gz" else open
+    opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rb") as fh:  # type: ignore[operator]
         yield from fh
 

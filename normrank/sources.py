@@ -66,7 +66,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
                         "the file name is not valid UTF-8, and it becomes the document's id and path; "
                         "rename the file (convmv converts a folder of Latin-1 names)")
                 rows.append((rel, read_text_file(f), {"path": rel}))
-    elif path.is_file() and (path.name.endswith(".jsonl") or path.name.endswith(".jsonl.gz")):
+    elif path.is_file() and path.name.lower().endswith((".jsonl", ".jsonl.gz")):  # DOCS.JSONL too, as .TXT
         rows = _jsonl_rows(iter_jsonl(path), path)
     elif path.exists():
         raise DatasetError(f"{path} is neither a folder nor a .jsonl/.jsonl.gz file")

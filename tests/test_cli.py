@@ -432,3 +432,16 @@ def test_fit_names_qrels_that_judge_a_chunked_file(tmp_path, capsys, encoder):
     assert main(["fit", str(out), "--queries", str(queries), "--qrels", str(qrels)]) == 1
     err = capsys.readouterr().err
     assert "split into passages" in err and "'notes/whales.txt'" in err and "--no-chunking" in err
+
+
+def test_search_table_escapes_control_characters_in_ids(tmp_path, capsys, encoder):
+    """An id with a newline or tab (a file name can hold both) broke the result table over two lines."""
+    src = _jsonl(tmp_path / "docs.jsonl", [{"_id": "odd\nname\t1", "text": "Stars fuse hydrogen into helium."},
+                                          {"_id": "plain", "text": "Bread rises with yeast."}])
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), "what do stars burn", "-k", "2"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("   1 ", "   2 "))]
+    assert len(rows) == 2 and "odd" in rows[0] and "\\t1" in rows[0] and "\t" not in rows[0], out
+    assert len(out.strip().splitlines()) == 4, out  # the title, the header and two hits

@@ -66,3 +66,16 @@ def test_a_bad_row_is_named_by_file_and_line(tmp_path, row, error, where):
     src = _jsonl(tmp_path / "docs.jsonl", [{"_id": "a", "text": ""}, {"_id": "b", "text": "Fine."}, row])
     with pytest.raises(error, match=rf"docs.jsonl:3 {where}"):
         read_source(src)
+
+
+def test_jsonl_suffixes_in_capitals_are_read(tmp_path):
+    """``DOCS.JSONL`` and ``docs.jsonl.GZ`` were refused ("neither a folder nor a .jsonl file") while a
+    folder's ``NOTE.TXT`` was read."""
+    import gzip
+
+    rows = [{"_id": "a", "text": "Stars fuse hydrogen."}, {"_id": "b", "text": "Bread rises."}]
+    upper = _jsonl(tmp_path / "DOCS.JSONL", rows)
+    packed = tmp_path / "docs.jsonl.GZ"
+    packed.write_bytes(gzip.compress(upper.read_bytes()))
+    for src in (upper, packed):
+        assert read_source(src)[0] == ["a", "b"]
