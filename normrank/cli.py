@@ -719,8 +719,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("index", help="encode a corpus and save a normrank index",
                        description="SOURCE is a BEIR folder (corpus.jsonl[.gz]), a .jsonl[.gz] file of "
-                       "{_id, title, text} rows, or a folder of .txt/.md files. Empty documents are skipped "
-                       "with a note. Encodings are cached, so re-indexing the same texts is fast.")
+                       "{_id, title, text} rows (other fields become metadata; in a .jsonl file a row without "
+                       "_id or id is named by its line number), or a folder of .txt/.md files (linked folders "
+                       "are followed). Empty documents are skipped with a note. Encodings are cached, so "
+                       "re-indexing the same texts is fast; re-indexing into a fitted folder keeps its blend.")
     p.add_argument("source", help="BEIR folder, .jsonl[.gz] file, or folder of .txt/.md files")
     p.add_argument("--out", required=True, help="folder to save the index into")
     p.add_argument("--config", help="normrank.yaml (encoder, store and scoring settings)")

@@ -53,7 +53,7 @@ def read_source(source: str | Path) -> tuple[list[str], list[str], list[dict], l
     if path.is_dir():
         corpus = next((path / n for n in ("corpus.jsonl", "corpus.jsonl.gz") if (path / n).is_file()), None)
         if corpus is not None:
-            rows = _jsonl_rows(iter_jsonl(corpus), corpus)
+            rows = _jsonl_rows(iter_jsonl(corpus), corpus, need_id=True)
         else:
             files = _text_files(path)
             if not files:
@@ -132,10 +132,11 @@ def read_text_file(path: str | Path) -> str:
 _ROW_FIELDS = frozenset({"_id", "id", "title", "text", "metadata"})
 
 
-def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, str, dict]]:
+def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path, *, need_id: bool = False) -> list[tuple[str, str, dict]]:
     """(id, text, metadata) per row. The id is ``_id`` (else ``id``), named like ``load_beir`` names it
     when it is null, empty, a list or a dict (``"_id": null`` became the id "None"); a row with
-    neither is numbered by its line. A repeated id names both lines. The metadata is the row's
+    neither is numbered by its line, except in a BEIR folder (``need_id``), whose qrels name documents by
+    ``_id``: there it is a :class:`DatasetError`, as ``eval`` (``load_beir``) says. A repeated id names both lines. The metadata is the row's
     ``metadata`` object plus its other fields (``url``, ``year``: they were dropped without a word);
     text, title and metadata that no store accepts are named by file and line."""
     from normrank.datasets import _row_id, _row_text
@@ -147,6 +148,9 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path) -> list[tuple[str, 
             # a title alone is the document, as load_beir reads it (eval took such a folder, index refused it)
             raise DatasetError(f"{path}:{no} has no 'text' field (expected _id, title, text)")
         key = "_id" if "_id" in row else "id" if "id" in row else None
+        if key is None and need_id:
+            raise DatasetError(f"{path}:{no} has no usable '_id' (a string or number naming the row): a BEIR "
+                               "corpus names its documents, and its qrels judge them by that id")
         did = _row_id(row, path, no, key) if key is not None else str(no)
         if did in first:
             raise DatasetError(f"{path}:{no} repeats document id {did!r} (first on line {first[did]}); ids must be "

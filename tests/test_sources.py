@@ -79,3 +79,14 @@ def test_jsonl_suffixes_in_capitals_are_read(tmp_path):
     packed.write_bytes(gzip.compress(upper.read_bytes()))
     for src in (upper, packed):
         assert read_source(src)[0] == ["a", "b"]
+
+
+def test_a_beir_corpus_row_needs_its_id_a_jsonl_file_row_is_numbered(tmp_path):
+    """`eval` refused a BEIR folder whose rows had no `_id`, while `index` numbered them by line, so qrels with
+    numeric ids judged the wrong documents in silence. A plain .jsonl file still numbers them (documented)."""
+    beir = tmp_path / "beir"
+    beir.mkdir()
+    _jsonl(beir / "corpus.jsonl", [{"text": "Stars fuse hydrogen."}, {"text": "Bread rises."}])
+    with pytest.raises(DatasetError, match=r"corpus.jsonl:1 has no usable '_id'"):
+        read_source(beir)
+    assert read_source(beir / "corpus.jsonl")[0] == ["1", "2"]
