@@ -548,6 +548,7 @@ def build_index(source: Any = None) -> Any:
     if saved:
         index = NormIndex.load(str(s.path), encoder=encoder)
         _apply_store_settings(index, s)
+        _check_calibration_settings(index, config)
         _override_weights(index, config)
         return index
     return NormIndex(
@@ -562,12 +563,30 @@ def build_index(source: Any = None) -> Any:
 _BUILD_SETTINGS = ("index_type", "pad_to", "hnsw_m", "ef_construction", "nlist")
 
 
+def _check_calibration_settings(index: Any, config: NormRankConfig) -> None:
+    """A ``calibration:`` key that differs from how the saved index was calibrated is a :class:`ConfigError`:
+    it applies when an index is calibrated, and ``calibration: {max_bins: 3}`` on a saved index was ignored."""
+    cal = config.calibration
+    for name in sorted(cal.model_fields_set):
+        value, saved = getattr(cal, name), getattr(index.calibrator, name)
+        if value != saved:
+            raise ConfigError(
+                f"calibration.{name} is {value!r}, but the index saved at {config.store.path} was calibrated with "
+                f"{saved!r}: it applies when an index is built; rebuild it (normrank index --config with this "
+                f"file), or leave calibration.{name} out to open it as saved")
+
+
 def _apply_store_settings(index: Any, store: Any) -> None:
     """The ``store:`` settings the file names, on the index saved at ``store.path``: the search-time ones
     (``ef_search``, ``nprobe``) are applied; a build-time one that differs from what the index was built
     with is refused. Both were silently ignored: a file's ``ef_search: 7`` searched with the saved 128."""
     given = store.model_fields_set
+    # a setting the saved kind of index has no use for is ignored, as it is when a new index is built
+    unused = {"flat": ("hnsw_m", "ef_construction", "nlist"), "hnsw": ("nlist",),
+              "ivf": ("hnsw_m", "ef_construction")}.get(index.index_type, ())
     for name in _BUILD_SETTINGS:
+        if name in unused:
+            continue
         value = getattr(store, name)
         if name in given and value is not None and value != getattr(index, name):
             raise ConfigError(

@@ -206,6 +206,15 @@ def test_a_saved_index_takes_the_files_search_settings_and_refuses_other_build_s
         cfg.write_text(f"store:\n  path: ix\n  {line}\n", encoding="utf-8")
         with pytest.raises(ConfigError, match=f"store.{line.split(':')[0]} is .* but the index saved at"):
             build_index(cfg)
+    # a setting of another kind of index is of no use to this one: ignored, as when an index is built
+    cfg.write_text(f"store:\n  path: ix\n  {'hnsw_m: 8' if index_type == 'ivf' else 'nlist: 4'}\n", encoding="utf-8")
+    assert len(build_index(cfg)) == 600
+    # the calibration: section applies when an index is built: another value was ignored in silence
+    cfg.write_text("store:\n  path: ix\ncalibration:\n  max_bins: 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="calibration.max_bins is 3, but the index saved at .* was calibrated with 12"):
+        build_index(cfg)
+    cfg.write_text("store:\n  path: ix\ncalibration:\n  max_bins: 12\n", encoding="utf-8")
+    assert build_index(cfg).calibrator.max_bins == 12
 
 
 @pytest.mark.parametrize("backend", ["faiss", "pgvector"])
