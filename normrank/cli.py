@@ -262,6 +262,13 @@ def _blend_text(w: Any) -> str:
         "" if w.feature == "calibrated" else f", feature {w.feature}")
 
 
+def _show_progress(args: argparse.Namespace, config: Any) -> bool | None:
+    """--no-progress, else the config's ``encoder.show_progress`` when it names one, else a bar."""
+    if args.no_progress:
+        return False
+    return config.encoder.show_progress if "show_progress" in config.encoder.model_fields_set else True
+
+
 def _carry_over_fit(out: str, config: Any, index: Any) -> None:
     """Keep the blend (and query calibration) ``normrank fit`` saved at ``out`` when ``index`` rebuilds it.
 
@@ -304,6 +311,11 @@ def cmd_index(args: argparse.Namespace) -> int:
     from normrank.cache import encode_cached
     from normrank.config import build_index, load_config
 
+    if args.no_chunking and (args.chunk_size is not None or args.chunk_overlap is not None or args.chunk_rows):
+        from normrank.errors import InvalidArgumentError
+
+        raise InvalidArgumentError("--no-chunking cannot go with --chunk-size, --chunk-overlap or --chunk-rows "
+                                   "(they were ignored); drop one or the other")
     _check_out_folder(args.out)  # before reading or encoding anything (also before starting Ray)
     if args.ray:  # encode on Ray Data (RAY_ADDRESS joins a cluster), Parquet beside the index
         from normrank.distributed import (
@@ -328,12 +340,16 @@ def cmd_index(args: argparse.Namespace) -> int:
         stop = _start_ray(quiet=not args.verbose)
         try:
             index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
-                                   show_progress=not args.no_progress)
+                                   show_progress=_show_progress(args, ray_config) is not False)
         finally:
             stop()
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
     config = load_config(args.config)  # a bad setting is named before the corpus is read
+    if config.store.backend == "faiss" and config.store.path and \
+            Path(str(config.store.path)).resolve() != Path(args.out).resolve():
+        print(f"note: the index goes to --out {args.out}; the config's store.path ({config.store.path}) is neither "
+              f"read nor written, and it is what `normrank search {args.config}` opens", file=sys.stderr)
     config.store.path = None  # --out is where this index goes; never load another one into it
     if args.model:
         config.encoder.model = _model_arg(args.model)
@@ -349,7 +365,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     if config.store.backend == "faiss":
         _carry_over_fit(args.out, config, index)
     ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
-    vecs, counts = encode_cached(index.encoder, texts, show_progress=not args.no_progress)
+    vecs, counts = encode_cached(index.encoder, texts, show_progress=_show_progress(args, config))
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
         index.save(args.out)

@@ -445,3 +445,22 @@ def test_search_table_escapes_control_characters_in_ids(tmp_path, capsys, encode
     rows = [line for line in out.splitlines() if line.startswith(("   1 ", "   2 "))]
     assert len(rows) == 2 and "odd" in rows[0] and "\\t1" in rows[0] and "\t" not in rows[0], out
     assert len(out.strip().splitlines()) == 4, out  # the title, the header and two hits
+
+
+def test_index_options_that_were_ignored_are_named(tmp_path, capsys, encoder):
+    """`--no-chunking --chunk-size 50` dropped the chunk size in silence; a config's `store.path` other than
+    --out was neither written nor mentioned, and `normrank search CONFIG` then found no index; the config's
+    `encoder.show_progress: false` still drew a bar."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("Stars fuse hydrogen into helium.", encoding="utf-8")
+    (docs / "b.txt").write_text("Bread rises with yeast.", encoding="utf-8")
+    assert main(["index", str(docs), "--out", str(tmp_path / "i0"), "--no-chunking", "--chunk-size", "50"]) == 1
+    assert "--no-chunking cannot go with --chunk-size" in capsys.readouterr().err
+    cfg = tmp_path / "normrank.yaml"
+    cfg.write_text("store:\n  path: elsewhere\nencoder:\n  show_progress: false\n", encoding="utf-8")
+    assert main(["index", str(docs), "--out", str(tmp_path / "i1"), "--config", str(cfg)]) == 0
+    err = capsys.readouterr().err
+    assert "the config's store.path" in err and "elsewhere" in err
+    assert "it/s" not in err and "%|" not in err  # no progress bar
+    assert not (tmp_path / "elsewhere").exists() and len(NormIndex.load(tmp_path / "i1")) == 2
