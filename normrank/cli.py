@@ -718,7 +718,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="normrank", description="Norm-aware retrieval: cosine plus a "
                                      "calibrated, query-conditioned embedding-norm term.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log progress to stderr and show a traceback with an error")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("demo", help="fit normrank on a bundled judged corpus and show what the blend changes",
@@ -830,6 +831,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "example after documents were added through the Python API) and saves the index.")
     p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
     p.set_defaults(func=cmd_recalibrate)
+    # -v after the command too (`normrank search idx q -v` was "unrecognized arguments"); SUPPRESS keeps a
+    # -v given before the command when none follows it
+    for command in sub.choices.values():
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="log progress and show a traceback with an error (also before the command)")
     return parser
 
 

@@ -118,6 +118,10 @@ def test_an_unexpected_error_is_one_line_and_verbose_shows_the_traceback(tmp_pat
     assert main(["-v", "eval", str(root), "--config", str(bad), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1].startswith("normrank eval: error: ")
+    # -v after the command as well: it was "unrecognized arguments: -v" (exit 2)
+    assert main(["eval", str(root), "--config", str(bad), "--no-progress", "-v"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("normrank eval: error: ")
 
 
 def test_a_missing_extra_names_the_pip_command(tmp_path, capsys, monkeypatch, encoder):
