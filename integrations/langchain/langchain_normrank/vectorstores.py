@@ -173,11 +173,15 @@ class NormRankVectorStore(VectorStore):
         ``texts -> token counts`` for embeddings other than normrank's (see the module notes).
     explanation_key:
         The metadata key of each scored result's explanation (default ``"normrank"``).
+    backend, dsn, table:
+        ``backend="pgvector"`` serves PostgreSQL table ``table`` at ``dsn`` (``None``: ``$NORMRANK_PG_DSN``),
+        creating it or reopening it with its documents and state, instead of an in-memory ``NormIndex``.
 
     Raises
     ------
     InvalidArgumentError
-        ``index`` and ``index_kwargs`` are both given, or an argument has the wrong type.
+        ``index`` and ``index_kwargs`` (or ``backend="pgvector"``) are both given, or an argument has the
+        wrong type.
     """
 
     def __init__(
@@ -188,12 +192,30 @@ class NormRankVectorStore(VectorStore):
         allow_empty: bool | None = None,
         token_counter: TokenCounter | None = None,
         explanation_key: str = EXPLANATION_KEY,
+        backend: Literal["faiss", "pgvector"] = "faiss",
+        dsn: str | None = None,
+        table: str = "normrank_docs",
         **index_kwargs: Any,
     ) -> None:
         emb = _as_embeddings(embedding)
         if not isinstance(explanation_key, str) or not explanation_key:
             raise InvalidArgumentError(f"explanation_key must be a non-empty string, got {explanation_key!r}")
         fresh = index is None
+        if backend not in ("faiss", "pgvector"):
+            raise InvalidArgumentError(f"unknown backend {backend!r}; choose 'faiss' or 'pgvector'")
+        if backend == "pgvector":  # a new table, or reopening one (its documents and state are kept)
+            if index is not None:
+                raise InvalidArgumentError("give either index= or backend='pgvector', not both")
+            from normrank.pgvector_store import PgVectorNormIndex
+
+            if emb is None:
+                emb = NormRankEmbeddings()
+            check_index_kwargs(PgVectorNormIndex, index_kwargs)
+            index = PgVectorNormIndex(dsn, table, emb.encoder if isinstance(emb, NormRankEmbeddings) else None,
+                                      **index_kwargs)
+            index_kwargs = {}
+        elif dsn is not None:
+            raise InvalidArgumentError("dsn is for backend='pgvector'")
         if index is None:
             encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
             if emb is None:
@@ -556,24 +578,8 @@ class NormRankVectorStore(VectorStore):
         (``None``: ``$NORMRANK_PG_DSN``) instead of an in-memory FAISS index; ``index_kwargs``
         (``weights``, ``index_type``, ...) configure the new index.
         """
-        emb = _as_embeddings(embedding)
-        if backend not in ("faiss", "pgvector"):
-            raise InvalidArgumentError(f"unknown backend {backend!r}; choose 'faiss' or 'pgvector'")
-        if backend == "pgvector":
-            if index is not None:
-                raise InvalidArgumentError("give either index= or backend='pgvector', not both")
-            from normrank.pgvector_store import PgVectorNormIndex
-
-            if emb is None:
-                emb = NormRankEmbeddings()
-            encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
-            check_index_kwargs(PgVectorNormIndex, index_kwargs)
-            index = PgVectorNormIndex(dsn, table, encoder, **index_kwargs)
-            index_kwargs = {}
-        elif dsn is not None:
-            raise InvalidArgumentError("dsn is for backend='pgvector'")
-        store = cls(emb, index=index, allow_empty=True, token_counter=token_counter,
-                    explanation_key=explanation_key, **index_kwargs)
+        store = cls(embedding, index=index, allow_empty=True, token_counter=token_counter,
+                    explanation_key=explanation_key, backend=backend, dsn=dsn, table=table, **index_kwargs)
         store.add_texts(texts, metadatas, ids=ids)
         store._settle_empty(allow_empty, default=True)
         return store

@@ -702,6 +702,17 @@ def test_rag_chain_over_pgvector_serves_the_blended_order(pg_dsn, pg_table, enco
                 assert all(abs(scores[g] - h.score) < 1e-5 for g, h in zip(got, hits))
             pairs = store.similarity_search_with_score(q, k=4)
             assert [s for _, s in pairs] == pytest.approx([h.score for h in hits[:4]], abs=1e-5)
+        # the constructor reopens the table with its documents and blend (it refused backend= as an
+        # "unknown setting for a new NormIndex")
+        again = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), backend="pgvector", dsn=pg_dsn, table=pg_table)
+        try:
+            assert len(again.index) == len(demo_texts) and again.index.weights == WEIGHTS
+            q = queries[0]
+            assert [d.id for d in again.similarity_search(q, k=4)] == [d.id for d in store.similarity_search(q, k=4)]
+        finally:
+            again.index.close()
+        with pytest.raises(InvalidArgumentError, match="dsn is for backend='pgvector'"):
+            NormRankVectorStore(NormRankEmbeddings(encoder=encoder), dsn=pg_dsn)
     finally:
         store.index.close()
 
