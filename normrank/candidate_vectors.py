@@ -165,6 +165,24 @@ def build_encoder(model: str | None, *, pooling: str = "mean", sif_a: float = 1e
     return RawEncoder(model, **options)
 
 
+_WARNED_DIMENSIONS: set[tuple[str, int, int]] = set()
+
+
+def note_other_dimension(vector: Any, dim: int, owner: str) -> None:
+    """Log (once per process for each re-ranker kind and pair of sizes) that a query embedding of another
+    dimension is ignored: an embedder for another model upstream (768-d mpnet before a MiniLM ranker) was
+    ignored without a word, and the query encoded again."""
+    try:
+        n = len(vector)
+    except TypeError:
+        return
+    key = (owner, n, dim)
+    if vector is not None and n != dim and key not in _WARNED_DIMENSIONS:
+        _WARNED_DIMENSIONS.add(key)
+        logger.warning("%s: the query embedding has %d dimensions and its encoder gives %d (another model's?); "
+                       "it is ignored and the query text encoded instead (logged once)", owner, n, dim)
+
+
 def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
     """True when ``vector`` can stand in for a fresh raw encoding: right dimension, finite, not unit length."""
     if vector is None or len(vector) != dim:

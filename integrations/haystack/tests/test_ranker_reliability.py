@@ -225,8 +225,14 @@ async def test_pipeline_run_async_matches_run(encoder, ids, demo_texts):
     _same(_ranked((await runner(data))["rerank"]["documents"]), want)
 
 
+def _warned_dimensions():
+    from normrank.candidate_vectors import _WARNED_DIMENSIONS
+
+    return _WARNED_DIMENSIONS
+
+
 # ---------------------------------------------------------------- issue 14 item 6
-def test_raw_query_embedding_reused_unit_one_not(encoder, ids, demo_texts, model_calls):
+def test_raw_query_embedding_reused_unit_one_not(encoder, ids, demo_texts, model_calls, caplog):
     q = "What does mitochondrial DNA encode?"
     qv = encoder.encode([q])[0]
     ranker = NormRankRanker(top_k=5, weights={"a": 0.03}, encoder=encoder)
@@ -239,9 +245,14 @@ def test_raw_query_embedding_reused_unit_one_not(encoder, ids, demo_texts, model
     unit = (qv / np.linalg.norm(qv)).tolist()  # what a stock (normalising) embedder gives: re-encoded
     _same(_ranked(ranker.run(query=q, documents=docs, query_embedding=unit)["documents"]), want)
     assert model_calls.texts == before + 1
-    short = qv[:100].tolist()  # another model's dimension: re-encoded
-    ranker.run(query=q, documents=docs, query_embedding=short)
-    assert model_calls.texts == before + 2
+    short = qv[:100].tolist()  # another model's dimension: re-encoded, and said once (it was silent)
+    _warned_dimensions().discard(("NormRankRanker", 100, 384))
+    with caplog.at_level("WARNING", logger="normrank.candidate_vectors"):
+        ranker.run(query=q, documents=docs, query_embedding=short)
+        ranker.run(query=q, documents=docs, query_embedding=short)
+    assert model_calls.texts == before + 3
+    said = [r.getMessage() for r in caplog.records if "the query embedding has 100 dimensions" in r.getMessage()]
+    assert len(said) == 1
 
 
 def test_from_index_reuses_stored_vectors(index, ids, demo_texts, encoder, model_calls):

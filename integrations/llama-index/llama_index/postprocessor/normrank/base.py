@@ -55,6 +55,7 @@ from normrank.candidate_vectors import (
     encoder_settings,
     explanation,
     is_blank,
+    note_other_dimension,
     is_raw,
     split_scorable,
     stored_vectors,
@@ -214,6 +215,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
         if is_raw(query_bundle.embedding, self.encoder.dim):
             count = None if is_blank(text) else int(self.encoder.token_counts([text])[0])
             return np.asarray(query_bundle.embedding, dtype=np.float32), count
+        note_other_dimension(query_bundle.embedding, self.encoder.dim, type(self).__name__)
         if is_blank(text):
             raise EmptyTextError("the query is empty and has no raw embedding: nothing to re-rank by")
         vectors, counts = self.encoder.encode_with_counts([text])

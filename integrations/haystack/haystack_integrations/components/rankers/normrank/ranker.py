@@ -40,6 +40,7 @@ from normrank.candidate_vectors import (
     encoder_settings,
     explanation,
     is_blank,
+    note_other_dimension,
     is_raw,
     split_scorable,
     stored_vectors,
@@ -254,6 +255,7 @@ class NormRankRanker:
         if is_raw(query_embedding, self.encoder.dim):
             count = None if is_blank(query) else int(self.encoder.token_counts([query])[0])
             return np.asarray(query_embedding, dtype=np.float32), count
+        note_other_dimension(query_embedding, self.encoder.dim, type(self).__name__)
         if is_blank(query):
             raise EmptyTextError("the query is empty: nothing to rank by")
         vectors, counts = self.encoder.encode_with_counts([query])
