@@ -23,7 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from normrank import IndexFormatError, InvalidArgumentError, NormIndex, RawEncoder, Weights, persistence
+from normrank import (
+    IndexFormatError,
+    InvalidArgumentError,
+    NormIndex,
+    RawEncoder,
+    Weights,
+    persistence,
+)
 from normrank.doc_columns import COLUMN_FILES
 from normrank.store import FORMAT_VERSION, SAVED_FILES
 from tests.conftest import synthetic

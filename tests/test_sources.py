@@ -44,7 +44,7 @@ def test_jsonl_fields_beside_text_are_metadata(tmp_path):
         {"id": "b", "title": "Bread", "text": "Bread rises with yeast.", "source": {"kind": "book"}},
         {"_id": "c", "text": "Rivers carve valleys.", "metadata": None},
     ])
-    ids, texts, metas, _ = read_source(src)
+    ids, _, metas, _ = read_source(src)
     by_id = dict(zip(ids, metas))
     assert by_id["a"] == {"url": "https://example.org/a", "year": 2020, "tags": ["x"]}
     assert by_id["b"] == {"source": {"kind": "book"}, "title": "Bread"}
