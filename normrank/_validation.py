@@ -143,6 +143,24 @@ def is_blank_text(text: str) -> bool:
     return not text.strip() or all(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in text)
 
 
+def check_adapter_state(value: Any) -> dict[str, Any]:
+    """An adapter state (``NormIndex.adapter_state``) as saved: a dict of JSON values, deep-copied through JSON;
+    anything else is an :class:`InvalidArgumentError`, named before anything is written."""
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"adapter_state must be a dict, got {type(value).__name__}")
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"adapter_state must hold JSON values only: {exc}") from None
+
+
+def check_adapter_entry(key: Any, value: Any) -> Any:
+    """One ``adapter_state`` entry: a non-empty string key and a JSON value (returned as JSON gives it back)."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"an adapter_state key must be a non-empty string, got {key!r}")
+    return check_adapter_state({key: value})[key]
+
+
 def check_text(value: str, what: str, *, allow_nul: bool = True) -> str:
     """Refuse a string that cannot be stored as UTF-8 (a lone surrogate such as ``"\\udcff"``).
 

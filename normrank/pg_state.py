@@ -11,9 +11,10 @@ instead of, say, a 2e9-wide search.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from normrank._validation import check_option
@@ -72,6 +73,7 @@ class TableState:
     version: int
     column_key: tuple[Any, ...] | None
     encoder: dict[str, Any] | None
+    adapter_state: dict[str, Any] = field(default_factory=dict)  # see NormIndex.adapter_state
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,7 +83,7 @@ class TableState:
             "calibrator": self.calibrator.to_dict(),
             "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
             "column_key": list(self.column_key) if self.column_key else None, "version": self.version,
-            "column_scale": COLUMN_SCALE, "encoder": self.encoder,
+            "column_scale": COLUMN_SCALE, "encoder": self.encoder, "adapter_state": self.adapter_state,
         }
 
     @classmethod
@@ -117,12 +119,15 @@ class TableState:
             encoder = state.get("encoder")
             if encoder is not None and not isinstance(encoder, Mapping):
                 raise InvalidArgumentError("encoder is not a JSON object")
+            adapter_state = state.get("adapter_state") or {}  # older tables have none
+            if not isinstance(adapter_state, Mapping):
+                raise InvalidArgumentError("adapter_state is not a JSON object")
         except (KeyError, TypeError, ValueError, NormRankError) as exc:
             detail = f"missing {exc}" if isinstance(exc, KeyError) else str(exc)
             raise IndexFormatError(f"the state of table {table} could not be read: {detail}") from None
         return cls(dim, index_type, hnsw_m, ef_construction, ef_search, weights, calibrator, query_calibrator,
                    state["auto_calibrated"], count, version, tuple(key) if key else None,
-                   dict(encoder) if encoder else None)
+                   dict(encoder) if encoder else None, copy.deepcopy(dict(adapter_state)))
 
 
 def _whole(state: Mapping[str, Any], name: str, low: int, high: int) -> int:

@@ -34,6 +34,7 @@ the two backends cannot drift apart.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -41,7 +42,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from normrank._validation import check_option, check_text
+from normrank._validation import check_adapter_entry, check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
@@ -85,7 +86,8 @@ T = TypeVar("T")
 
 #: The attributes that mirror the table's state row (restored when a write fails).
 _STATE_ATTRS = ("_dim", "_weights", "index_type", "_hnsw_m", "_ef_construction", "_ef_search", "calibrator",
-                "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists", "_table_oid")
+                "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists", "_table_oid",
+                "_adapter_state")
 
 
 class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
@@ -167,6 +169,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         # alone let a handle keep a dropped table's dimension, weights and count over the new table's rows
         self._table_oid: int | None = None
         self._column_key: tuple[Any, ...] | None = None
+        self._adapter_state: dict[str, Any] = {}
         self._exists = False
         self._closed = False
         self._lock = threading.RLock()
@@ -317,7 +320,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         return TableState(
             self._dim or 0, self.index_type, self.hnsw_m, self.ef_construction, self._ef_search, self._weights,
             self.calibrator, self.query_calibrator, self._auto_calibrated, self._count, self._version,
-            self._column_key, self._encoder.describe() if self._encoder is not None else None)
+            self._column_key, self._encoder.describe() if self._encoder is not None else None, self._adapter_state)
 
     def _state_json(self) -> Any:
         from psycopg.types.json import Jsonb
@@ -334,7 +337,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def _forget_table(self) -> None:
         """The table is gone (dropped here or by another handle): become an empty index."""
         self._exists, self._count, self._dim, self._version, self._column_key = False, 0, None, 0, None
-        self._table_oid = None
+        self._table_oid, self._adapter_state = None, {}
         if self._auto_calibrated:
             self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin)
 
@@ -370,6 +373,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self.calibrator, self.query_calibrator = state.calibrator, state.query_calibrator
         self._auto_calibrated, self._count, self._version = state.auto_calibrated, state.count, state.version
         self._column_key = state.column_key
+        self._adapter_state = state.adapter_state
         if self._encoder is None and state.encoder:
             self._encoder = encoder_from_settings(state.encoder, what="the table")
         elif self._encoder is not None:
@@ -433,6 +437,23 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
 
     def __len__(self) -> int:
         return self._run(lambda cur: self._count)
+
+    @property
+    def adapter_state(self) -> dict[str, Any]:
+        """A copy of the table's adapter state as stored now (see :meth:`update_adapter_state`)."""
+        return self._run(lambda cur: copy.deepcopy(self._adapter_state))
+
+    def update_adapter_state(self, key: str, value: Any) -> None:
+        """Store ``value`` (JSON) under ``key`` in the table's state row, which every handle reads: what a
+        framework adapter keeps with the table (see ``NormIndex.adapter_state``)."""
+        checked = check_adapter_entry(key, value)
+
+        def body(cur: Any) -> None:
+            if not self._exists:
+                raise EmptyCorpusError(f"table {self.table} does not exist yet: add documents first")
+            self._adapter_state = {**self._adapter_state, key: checked}
+
+        self._run(body, write=True)
 
     def blend_settings(self) -> tuple[Weights, NormCalibrator, NormCalibrator | None]:
         """The table's weights and calibrations as stored now (another handle or process may have changed them)."""

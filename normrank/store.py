@@ -44,7 +44,12 @@ import faiss
 import numpy as np
 
 from normrank import huge_pages
-from normrank._validation import FLOAT32_MAX, check_option
+from normrank._validation import (
+    FLOAT32_MAX,
+    check_adapter_entry,
+    check_adapter_state,
+    check_option,
+)
 from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
@@ -451,6 +456,13 @@ class NormIndex(BlendIndexBase):
     def blend_settings(self) -> tuple[Weights, NormCalibrator, NormCalibrator | None]:
         with self._lock:  # one consistent triple, not a set_weights or fit half applied
             return self._weights, self.calibrator, self.query_calibrator
+
+    def update_adapter_state(self, key: str, value: Any) -> None:
+        """Set ``adapter_state[key]`` to a JSON ``value`` (checked now), saved with the index: the call a
+        framework adapter makes on either backend (``PgVectorNormIndex`` writes it to the table at once)."""
+        checked = check_adapter_entry(key, value)
+        with self._lock:
+            self.adapter_state[key] = checked
 
     def set_weights(self, weights: Weights) -> None:
         """Change the blend; the stored norm column is rebuilt only if the feature or mode needs it."""
@@ -996,7 +1008,7 @@ class NormIndex(BlendIndexBase):
         if not isinstance(if_unchanged, bool):
             raise InvalidArgumentError(f"if_unchanged must be True or False, got {if_unchanged!r}")
         with self._lock:
-            adapter_state = _checked_adapter_state(self.adapter_state)  # refused before anything is written
+            adapter_state = check_adapter_state(self.adapter_state)  # refused before anything is written
             if self._index is None:
                 self._start_empty()
             # Deleted documents must not reach the file (HNSW kept their vectors): compact first. The
@@ -1311,16 +1323,6 @@ def _check_state(state: Any, path: Any) -> None:
         raise IndexFormatError(f"the index at {path} has an invalid column_scale {scale!r} in state.json")
     if not isinstance(state.get("adapter_state", {}), dict):
         raise IndexFormatError(f"the index at {path} has an adapter_state in state.json that is not a JSON object")
-
-
-def _checked_adapter_state(value: Any) -> dict[str, Any]:
-    """``NormIndex.adapter_state`` as saved: a JSON object, refused by name before anything is written."""
-    if not isinstance(value, dict):
-        raise InvalidArgumentError(f"adapter_state must be a dict, got {type(value).__name__}")
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"adapter_state must hold JSON values only: {exc}") from None
 
 
 def _faiss_ids(index: Any, index_type: str) -> np.ndarray:

@@ -843,6 +843,13 @@ def test_adapter_state_is_saved_checked_and_loaded(tmp_path):
     with pytest.raises(InvalidArgumentError, match="adapter_state must hold JSON values only"):
         again.save(tmp_path / "idx")
     assert NormIndex.load(tmp_path / "idx").adapter_state == {"llama_index": {"deleted_reference_nodes": ["in1", "é"]}}
+    fresh = make_index(n=10)
+    fresh.update_adapter_state("mine", {"n": [1, 2.5, None]})
+    assert fresh.adapter_state == {"mine": {"n": [1, 2.5, None]}}
+    for key, value in (("", 1), (3, 1), ("k", {1, 2}), ("k", float("inf"))):
+        with pytest.raises(InvalidArgumentError, match="adapter_state"):
+            fresh.update_adapter_state(key, value)
+    assert fresh.adapter_state == {"mine": {"n": [1, 2.5, None]}}
 
 
 @pytest.mark.parametrize("change", [Weights(a=0.5, feature="raw"), Weights(a=0.5, mode="tiebreak")])

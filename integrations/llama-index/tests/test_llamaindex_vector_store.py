@@ -1033,3 +1033,33 @@ def test_the_documented_splitter_leaves_no_node_cut(encoder, embed):
                                     embed_model=embed, transformations=[splitter],
                                     storage_context=StorageContext.from_defaults(vector_store=store))
     assert len(store.client) > 3 * 4 and encoder.truncated_texts == before
+
+
+def test_deleted_index_nodes_are_known_to_another_pgvector_handle(encoder, embed, pg_dsn, pg_table_factory):
+    """On pgvector the deleted reference-node ids go to the table's state row, so a store opened by another
+    process reads LlamaIndex's ``nodes_dict`` (``['in1']``) as it should; only the deleting handle knew them."""
+    from llama_index.core.schema import IndexNode
+
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    table = pg_table_factory("li")
+    a = NormRankVectorStore(PgVectorNormIndex(pg_dsn, table, encoder))
+    try:
+        nodes = [TextNode(text="Paris is the capital of France.", id_="t0"),
+                 TextNode(text="Berlin is the capital of Germany.", id_="t1"),
+                 IndexNode(text="A summary table about French cities.", index_id="t0", id_="in1")]
+        VectorStoreIndex(nodes, embed_model=embed, storage_context=StorageContext.from_defaults(vector_store=a))
+        a.delete_nodes(["in1"])
+        b = NormRankVectorStore(PgVectorNormIndex(pg_dsn, table, encoder))
+        try:
+            q = VectorStoreQuery(query_embedding=embed.get_query_embedding("capital"), query_str="capital",
+                                 similarity_top_k=5, node_ids=["in1"])
+            assert sorted(b.query(q).ids) == ["t0", "t1"]
+            assert b.client.adapter_state == {"llama_index": {"deleted_reference_nodes": ["in1"]}}
+            gone = VectorStoreQuery(query_embedding=embed.get_query_embedding("capital"), similarity_top_k=3,
+                                    node_ids=["never"])
+            assert b.query(gone).ids == []
+        finally:
+            b.client.close()
+    finally:
+        a.client.close()

@@ -41,6 +41,7 @@ Concurrency
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import warnings
@@ -537,14 +538,19 @@ class NormRankVectorStore(BasePydanticVectorStore):
         return self._former_references | {x for x in saved if isinstance(x, str)}
 
     def _remember_references(self, ids: list[str]) -> None:
-        """Keep deleted reference-node ids, with a ``NormIndex`` in its saved state: LlamaIndex names them in
-        every retrieval after the delete, and a store loaded from disk without them emptied every retrieval."""
+        """Keep deleted reference-node ids in the index's adapter state (saved with a ``NormIndex``, in the
+        table's state row on pgvector): LlamaIndex names them in every retrieval after the delete, and a store
+        loaded from disk (or opened by another process) without them emptied every retrieval."""
         self._former_references.update(ids)
-        state = getattr(self._index, "adapter_state", None)
-        if ids and isinstance(state, dict):
+        if ids and hasattr(self._index, "update_adapter_state"):
+            state = self._index.adapter_state
             mine = state.get(_ADAPTER_KEY)
-            mine = state[_ADAPTER_KEY] = mine if isinstance(mine, dict) else {}
-            mine["deleted_reference_nodes"] = sorted(self._former_reference_ids() | set(ids))
+            mine = dict(mine) if isinstance(mine, dict) else {}
+            saved = mine.get("deleted_reference_nodes")
+            known = {x for x in saved if isinstance(x, str)} if isinstance(saved, list) else set()
+            mine["deleted_reference_nodes"] = sorted(known | self._former_references)
+            with contextlib.suppress(EmptyCorpusError):  # a pgvector table dropped meanwhile: kept in memory
+                self._index.update_adapter_state(_ADAPTER_KEY, mine)
 
     def _reference_ids(self, ids: list[str]) -> list[str]:
         """Those of ``ids`` that are IndexNode or ImageNode nodes (see :meth:`_is_nodes_dict`)."""
@@ -613,8 +619,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         LlamaIndex never takes a deleted node out of the ``nodes_dict`` of a store that keeps the text, so
         once its reference nodes are deleted it names only ids the store no longer holds. Read as a
         restriction, that emptied every retrieval; ids that were all reference nodes deleted through this
-        store are read as the ``nodes_dict`` too. A ``NormIndex`` saves them (``adapter_state``), so a store
-        persisted and loaded again knows them; a pgvector-backed store knows those its own handle deleted.
+        store are read as the ``nodes_dict`` too. The index keeps them (``adapter_state``: saved with a
+        ``NormIndex``, in the table's state row on pgvector), so a store loaded again or opened by another
+        process knows them.
         """
         if not node_ids:
             return False
