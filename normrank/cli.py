@@ -454,7 +454,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     w = index.weights
     blend = "plain cosine" if w.is_cosine else f"{w.mode} blend, a={w.a:+g} b={w.b:+g}, feature {w.feature}"
     shown = f"{len(groups)} {args.group_by} groups" if groups is not None else f"{len(hits)} hits"
-    print(f"{shown} for {args.query!r} ({blend})")
+    query = args.query if len(args.query) <= 100 else args.query[:60] + "\u2026" + args.query[-30:]
+    print(f"{shown} for {query!r} ({blend})")  # a pasted page of query is not repeated whole
     width = min(ID_WIDTH, max([2, *(len(h.id) for h in hits)]))
     header = f"  {'#':>2} {'id':<{width}} {'score':>7} {'cosine':>7} {'g(d)':>6} {'w(q)':>7}  text"
     if groups is None:

@@ -416,6 +416,8 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
         "n_docs": len(coll.ids),
         "skipped_empty_docs": len(coll.skipped),
         "skipped_empty_queries": len(coll.skipped_queries),
+        # judged, but no document graded above 0: nDCG and recall are not defined for them
+        "queries_without_relevant": len(set(qrels) - set(has_relevant(qrels))),
         "model": ev.index.encoder.model_name,
         "runs": {name: {m: float(np.mean(list(v[m].values()))) for m in METRICS} for name, v in per.items()},
         "fit": fit,
@@ -454,7 +456,9 @@ def format_report(result: Mapping[str, Any]) -> str:
              f"{result['n_docs']} documents"
              + (f", {result['skipped_empty_docs']} empty documents skipped" if result["skipped_empty_docs"] else "")
              + (f", {result['skipped_empty_queries']} judged queries without text left out"
-                if result.get("skipped_empty_queries") else ""),
+                if result.get("skipped_empty_queries") else "")
+             + (f", {result['queries_without_relevant']} judged queries with no relevant document (all grades "
+                "<= 0) left out" if result.get("queries_without_relevant") else ""),
              "",
              f"  {'run':<10} {'nDCG@10':>8} {'R@100':>8} {'p(nDCG) vs cos':>15} {'up/down':>9}"]
     for name, m in result["runs"].items():

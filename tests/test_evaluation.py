@@ -297,9 +297,17 @@ def test_the_text_report_says_judged_queries_without_text_were_left_out(data_dir
     blank = next(r for r in rows if r["_id"] in judged)
     blank["text"] = ""
     (folder / "queries.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # and a judged query whose every grade is 0: metrics are not defined for it, and it was dropped unsaid
+    lines = (folder / "qrels" / "test.tsv").read_text().splitlines()
+    zeroed = next(q for q in sorted(judged) if q != blank["_id"])
+    (folder / "qrels" / "test.tsv").write_text("\n".join(
+        [lines[0]] + [("\t".join(x.split("\t")[:2] + ["0"]) if x.split("\t")[0] == zeroed else x)
+                      for x in lines[1:]]) + "\n")
     res = evaluate(folder, encoder=encoder, show_progress=False)
-    assert res["skipped_empty_queries"] == 1
-    assert "1 judged queries without text left out" in format_report(res)
+    assert res["skipped_empty_queries"] == 1 and res["queries_without_relevant"] == 1
+    report = format_report(res)
+    assert "1 judged queries without text left out" in report
+    assert "1 judged queries with no relevant document (all grades <= 0) left out" in report
 
 
 def test_qrels_trec_rounds_a_byte_order_mark_and_a_header_after_a_blank_line(tmp_path):
