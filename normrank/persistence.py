@@ -655,12 +655,8 @@ def reading_deferred(
     caller's threads can take them: helper threads start only for the cores that ``busy_threads``
     threads of the caller leave free, and a caller thread that calls ``digests.work()`` when its own
     file is parsed takes the rest."""
-    root = Path(root)
+    root = _saved_root(root)
     deferred = tuple(deferred)
-    if not root.exists():
-        raise FileNotFoundError(f"no saved index at {root}")
-    if not root.is_dir():
-        raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
     with _locked(root, exclusive=False):
         folder, manifest = _verify(root, format_version, required, deferred)
         files = {name: (folder / name, manifest["files"][name], usable_pieces(manifest, name, folder / name))
@@ -678,6 +674,16 @@ def reading_deferred(
             raise _mismatch(bad, root)
 
 
+def _saved_root(root: str | os.PathLike[str]) -> Path:
+    """``root`` as a path, if it can hold a saved index: else ``FileNotFoundError`` or :class:`IndexFormatError`."""
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"no saved index at {root}")
+    if not root.is_dir():
+        raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
+    return root
+
+
 class _AllBut:
     """Every name but one: :func:`_verify`'s ``deferred`` (not hashed) for a read of one file."""
 
@@ -691,11 +697,7 @@ class _AllBut:
 def read_verified_file(root: str | os.PathLike[str], format_version: int, name: str) -> bytes:
     """One file of the current version, checksummed, without hashing the others: a look at a saved index's
     settings (``normrank index`` carries a fitted blend over) costs nothing like a load."""
-    root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"no saved index at {root}")
-    if not root.is_dir():
-        raise IndexFormatError(f"{root} is not a folder, so it is not a saved normrank index")
+    root = _saved_root(root)
     with _locked(root, exclusive=False):
         folder, _ = _verify(root, format_version, (name,), _AllBut(name))  # type: ignore[arg-type]
         with open_nofollow(folder / name, "rb") as fh:
