@@ -259,13 +259,19 @@ def check_fit_kwargs(kwargs: Mapping[str, Any], *, depth: bool = False) -> dict[
 FIT_MIN_DEPTH = 10
 
 
+#: Largest grade magnitude accepted: every whole number up to it is exact as a float, and sums of gains stay
+#: finite (a grade of 10**308 made nDCG NaN in silence, 10**400 a bare OverflowError).
+MAX_GRADE = 2**53
+
+
 def _whole_grade(g: Any) -> bool:
-    """An int, or a float that is whole (pandas reads a score column as 2.0); never a bool."""
+    """An int, or a float that is whole (pandas reads a score column as 2.0), of magnitude at most
+    :data:`MAX_GRADE`; never a bool."""
     if isinstance(g, (bool, np.bool_)):
         return False
     if isinstance(g, (int, np.integer)):
-        return True
-    return isinstance(g, (float, np.floating)) and math.isfinite(g) and float(g).is_integer()
+        return abs(int(g)) <= MAX_GRADE
+    return isinstance(g, (float, np.floating)) and math.isfinite(g) and float(g).is_integer() and abs(g) <= MAX_GRADE
 
 
 def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, str], doc_ids: set[str] | None,
@@ -278,8 +284,8 @@ def check_qrels(qrels: Mapping[str, Mapping[str, int]], queries: Mapping[str, st
     """
     bad = [(q, d, g) for q, docs in qrels.items() for d, g in docs.items() if not _whole_grade(g)]
     if bad:
-        raise InvalidArgumentError(f"qrels grades must be whole numbers (0 = not relevant); query {bad[0][0]!r}, "
-                                   f"document {bad[0][1]!r} has {bad[0][2]!r}")
+        raise InvalidArgumentError(f"qrels grades must be whole numbers of magnitude at most 2**53 (0 = not "
+                                   f"relevant); query {bad[0][0]!r}, document {bad[0][1]!r} has {str(bad[0][2])[:40]}")
     unknown_q = [q for q in qrels if q not in queries]
     if unknown_q:
         raise UnknownIdError(f"qrels name {len(unknown_q)} unknown query ids, e.g. {unknown_q[:3]}")

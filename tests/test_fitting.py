@@ -192,6 +192,11 @@ def _small_index(demo_encoded, encoder):
     (lambda ix, q, r: ix.fit(q, {k: r[k] for k in list(r)[:1]}), "InvalidArgumentError", "at least 2 labelled queries"),
     (lambda ix, q, r: ix.fit(q, {k: {d: 0.5 for d in v} for k, v in r.items()}), "InvalidArgumentError",
      "whole numbers"),
+    # a grade of 10**308 made nDCG NaN (the report said cosine_ndcg 0.0); 10**400 a bare OverflowError
+    (lambda ix, q, r: ix.fit(q, {k: {d: 10**308 for d in v} for k, v in r.items()}), "InvalidArgumentError",
+     r"magnitude at most 2\*\*53"),
+    (lambda ix, q, r: ix.fit(q, {k: {d: 10**400 for d in v} for k, v in r.items()}), "InvalidArgumentError",
+     r"magnitude at most 2\*\*53"),
     (lambda ix, q, r: ix.fit(q, r, depth=3), "InvalidArgumentError", "depth must be at least 10"),
     (lambda ix, q, r: ix.fit(q, r, alpha=0), "InvalidArgumentError", r"alpha must be a significance level in \(0, 1\]"),
     (lambda ix, q, r: ix.fit({**q, next(iter(r)): "   "}, r), "EmptyTextError", "no text to encode, e.g. \\['"),
