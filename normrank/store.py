@@ -651,6 +651,7 @@ class NormIndex(BlendIndexBase):
             return [self._search_multiplicative(unit[i], w[i], kk, allowed) for i in range(len(queries))]
         qaug = self._augment(unit, query_column(w, self._weights), query=True)
         scores, ids = self._raw_search(qaug, kk, allowed)
+        ids, scores = _ties_by_id(ids, scores)
         return ids, scores, w
 
     def _lean_rows(self, queries: Sequence[Any], k: int,
@@ -674,6 +675,7 @@ class NormIndex(BlendIndexBase):
         qaug = plain[0]
         qaug[:, self._dim] = wts.a / self._column_scale  # float64 division, then float32: as _augment does
         scores, ids = self._search_unmapped(qaug, k)
+        ids, scores = _ties_by_id(ids, scores)
         return ids, scores, np.full(qaug.shape[0], wts.a, dtype=np.float64)
 
     def _search_vector(self, query: np.ndarray, k: Any, *, arrays: bool = False) -> Any:
@@ -720,11 +722,13 @@ class NormIndex(BlendIndexBase):
                 if not self._positions_are_ids:
                     lab = self._labels_view
                     positions = [lab[p] if p >= 0 else -1 for p in positions]
+                positions, values = _untied(positions, s_view.tolist())
                 if arrays:
-                    return self._additive_arrays(positions, s_view.tolist(), float(w))
-                return self._additive_hits(positions, s_view.tolist(), float(w))
+                    return self._additive_arrays(positions, values, float(w))
+                return self._additive_hits(positions, values, float(w))
             row = pos[0]  # k hits: flat always, HNSW past the check above
-            return self._hits(row if self._positions_are_ids else labels[row], scores[0], w, all_valid=True)
+            rows, row_scores = _ties_by_id((row if self._positions_are_ids else labels[row])[None], scores[0][None])
+            return self._hits(rows[0], row_scores[0], w, all_valid=True)
 
     def _single_query_buffers(self, width: int, k: int) -> tuple[Any, ...]:
         """One augmented query row (with a view of its vector part and a memoryview of it), the result
@@ -829,6 +833,7 @@ class NormIndex(BlendIndexBase):
         path and drop the deleted ones, so every row keeps its exact top ``k``."""
         dead = self._dead()
         scores, ids = self._search_unmapped(qaug, min(k + dead.size, self._index.ntotal))
+        ids, scores = _ties_by_id(ids, scores)  # before the cut: which equal scores come first decides it
         keep = ~np.isin(ids, dead) & (ids >= 0)
         out_s = np.full((ids.shape[0], k), -np.inf, dtype=np.float32)
         out_i = np.full((ids.shape[0], k), -1, dtype=np.int64)
@@ -1286,6 +1291,27 @@ def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:
         want = outer.__name__ + (f"({inner_type.__name__})" if inner_type is not None else "")
         raise IndexFormatError(f"the index at {path} is inconsistent: index.faiss holds a {got}, but state.json "
                                f"says index_type {index_type!r}, saved as an inner-product {want}")
+
+
+def _untied(ids: list[int], scores: list[float]) -> tuple[list[int], list[float]]:
+    """One result row with equal scores in ascending internal id (insertion order).
+
+    Why: FAISS's heaps keep the first-seen of equal scores but return them in descending id, so among
+    duplicates the top-3 was ``dup02, dup01, dup00`` and the top-4 began with ``dup03``: a top-k that is not
+    the start of the top-(k+1) changes the first hit with k, and pages of results overlap. pgvector's
+    ``ORDER BY dist, seq`` and the multiplicative blend already break ties this way."""
+    if all(a != b for a, b in zip(scores, scores[1:])):
+        return ids, scores
+    order = sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i] < 0, ids[i]))
+    return [ids[i] for i in order], [scores[i] for i in order]
+
+
+def _ties_by_id(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_untied` for rows of (internal ids, scores) as arrays; padding (id -1) stays last."""
+    if ids.shape[1] < 2 or not np.any(scores[:, 1:] == scores[:, :-1]):
+        return ids, scores
+    order = np.lexsort((np.where(ids < 0, np.iinfo(np.int64).max, ids), -scores.astype(np.float64)))
+    return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
 
 
 def saved_state(path: str | os.PathLike[str]) -> dict[str, Any]:
