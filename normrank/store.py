@@ -232,6 +232,7 @@ class NormIndex(BlendIndexBase):
         #: store's deleted reference-node ids, which LlamaIndex keeps naming after the delete).
         self.adapter_state: dict[str, Any] = {}
         self._lock = threading.RLock()
+        self._warn_if_approximate_cannot_follow()
 
     @property
     def augmented_dim(self) -> int:
@@ -477,6 +478,24 @@ class NormIndex(BlendIndexBase):
                 except BaseException:
                     self._weights = old  # _rebuild has put the old index back
                     raise
+        self._warn_if_approximate_cannot_follow()
+
+    def _warn_if_approximate_cannot_follow(self) -> None:
+        """Log that an HNSW or IVF index loses recall under a weight this large.
+
+        Why: their graph and lists follow cosine (the norm column is scaled down for them); once the norm
+        term decides the ranking they no longer find its top-k. Measured on 5,000 clustered vectors:
+        recall@10 of the exact blend 1.00 up to |a| = 0.1 (the fit's grid stops at 0.04), 0.95-0.99 at 0.3,
+        0.67-0.86 at 0.5 and 0.1-0.7 at 10, without a word."""
+        w = self._weights
+        if self.index_type == "flat" or w.is_cosine or w.mode == "multiplicative":
+            return
+        reach = abs(w.a) + abs(w.b) * (w.clip or 3.0) if w.mode == "additive" else w.epsilon
+        if reach > APPROXIMATE_WEIGHT_LIMIT:
+            logger.warning("a norm weight this large (|w(q)| up to %.3g) lets the norm term decide the ranking, "
+                           "which this %s index does not follow: its recall of the exact blended top-k falls "
+                           "(0.67-0.86 at a = 0.5 in a test); use index_type='flat', or measure recall",
+                           reach, self.index_type)
 
     def recalibrate(self) -> None:
         """Refit the document calibration on every stored document and refresh the index."""
@@ -1291,6 +1310,11 @@ def _check_faiss_type(index: Any, index_type: str, path: Any) -> None:
         want = outer.__name__ + (f"({inner_type.__name__})" if inner_type is not None else "")
         raise IndexFormatError(f"the index at {path} is inconsistent: index.faiss holds a {got}, but state.json "
                                f"says index_type {index_type!r}, saved as an inner-product {want}")
+
+
+#: Largest |w(q)| (or tiebreak epsilon) an HNSW or IVF index takes without a warning (see
+#: ``NormIndex._warn_if_approximate_cannot_follow``).
+APPROXIMATE_WEIGHT_LIMIT = 0.25
 
 
 def _untied(ids: list[int], scores: list[float]) -> tuple[list[int], list[float]]:
