@@ -53,7 +53,8 @@ def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None =
     Numbers only (float or int arrays or lists): complex vectors lost their imaginary part, and vectors of
     strings or booleans were converted, in silence."""
     given = real_numbers(vectors if isinstance(vectors, np.ndarray) else np.asarray(vectors))
-    arr = np.array(given, dtype=np.float32, copy=True)
+    with np.errstate(over="ignore", under="ignore"):  # named below, by row (numpy's RuntimeWarning said nothing)
+        arr = np.array(given, dtype=np.float32, copy=True)
     if arr.ndim == 1:
         arr = arr[None, :]
     if arr.ndim != 2:
@@ -67,12 +68,16 @@ def as_matrix(vectors: np.ndarray | Sequence[Sequence[float]], dim: int | None =
     bad = ~np.isfinite(arr).all(axis=1)
     if bad.any():
         rows = np.flatnonzero(bad)[:5].tolist()
+        if given.dtype.kind == "f" and np.isfinite(np.asarray(given, dtype=np.float64).reshape(arr.shape)[rows]).all():
+            raise InvalidVectorError(f"vectors hold values beyond float32's range, {FLOAT32_MAX:.3g}, which the "
+                                     f"index stores (rows {rows})")
         raise InvalidVectorError(f"vectors contain NaN or infinity (rows {rows})")
-    norms = np.linalg.norm(arr, axis=1)
+    with np.errstate(over="ignore", under="ignore"):
+        norms = np.linalg.norm(arr, axis=1)
     zero = norms <= 1e-12
     if zero.any():
         rows = np.flatnonzero(zero)[:5].tolist()
-        if not arr[rows].any():
+        if not np.asarray(given, dtype=np.float64).reshape(arr.shape)[rows].any():
             raise InvalidVectorError(f"all-zero vectors have no direction and no norm (rows {rows})")
         raise InvalidVectorError(f"vectors with a norm of at most 1e-12 are too small to have a direction "
                                  f"that survives float32 (rows {rows}); encoders give norms near 1-10")

@@ -275,3 +275,21 @@ def test_an_approximate_index_warns_of_a_weight_it_cannot_follow(caplog):
         caplog.clear()
         flat.set_weights(Weights(a=5.0))
         assert "does not follow" not in caplog.text  # the flat index is exact at any weight
+
+
+def test_vector_errors_name_the_real_cause():
+    """A finite float64 of 1e300 was refused as "NaN or infinity" and a tiny non-zero vector as "all-zero";
+    values above ~1.8e19 leaked numpy's overflow RuntimeWarning."""
+    import warnings
+
+    index = NormIndex(dim=4)
+    cases = [([1e300, 0, 0, 0], "beyond float32's range"), ([1e-50, 1e-50, 0, 0], "norm of at most 1e-12"),
+             ([0, 0, 0, 0], "all-zero vectors"), ([np.nan, 1, 1, 1], "NaN or infinity")]
+    for vector, words in cases:
+        with pytest.raises(InvalidVectorError, match=words):
+            index.add_vectors(np.array([vector]), [5], ids=["x"])
+    assert len(index) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        index.add_vectors(np.array([[3e19, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]]), [5, 6], ids=["big", "small"])
+    assert len(index) == 2
