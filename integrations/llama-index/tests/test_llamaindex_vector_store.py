@@ -1063,3 +1063,31 @@ def test_deleted_index_nodes_are_known_to_another_pgvector_handle(encoder, embed
             b.client.close()
     finally:
         a.client.close()
+
+
+@pytest.mark.parametrize("mode", ["reciprocal_rerank", "relative_score", "dist_based_score", "simple"])
+def test_query_fusion_merges_normrank_results_as_it_merges_stock_ones(encoder, embed, docs, mode):
+    """``QueryFusionRetriever`` merges results by ``node.hash`` (text + metadata). The per-query explanation
+    in the metadata gave the same node another hash for every query: never merged, 4 of 5 nodes came back
+    with unfused scores. The explained node hashes as the node itself, and still carries the explanation."""
+    import pickle
+
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import QueryFusionRetriever
+    from llama_index.core.vector_stores.simple import SimpleVectorStore
+
+    got = {}
+    for kind in ("simple", "normrank"):
+        store = SimpleVectorStore() if kind == "simple" else NormRankVectorStore(encoder=encoder)
+        index = VectorStoreIndex([TextNode(text=d.text, id_=d.doc_id) for d in docs[:40]], embed_model=embed,
+                                 storage_context=StorageContext.from_defaults(vector_store=store))
+        fusion = QueryFusionRetriever([index.as_retriever(similarity_top_k=5)], llm=MockLLM(), similarity_top_k=5,
+                                      num_queries=4, use_async=False, mode=mode)
+        got[kind] = [(n.node.node_id, round(n.score, 6)) for n in fusion.retrieve("how do vaccines work")]
+    assert got["normrank"] == got["simple"] and len(got["normrank"]) == 5
+    node = index.as_retriever(similarity_top_k=1).retrieve("how do vaccines work")[0].node
+    assert "normrank" in node.metadata and isinstance(node, TextNode) and node.class_name() == "TextNode"
+    bare = TextNode(text=node.text, id_=node.node_id, metadata={k: v for k, v in node.metadata.items()
+                                                               if k != "normrank"})
+    assert node.hash == bare.hash and pickle.loads(pickle.dumps(node)).hash == bare.hash
+    assert type(TextNode.from_dict(node.to_dict())) is TextNode

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseNode, ImageNode, IndexNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
@@ -58,6 +58,49 @@ def hidden_keys(node: BaseNode, keys: Sequence[str]) -> dict[str, list[str]]:
     }
 
 
+def _hash_without_explanation(cls: type[TextNode]) -> property:
+    """``cls.hash`` computed as if normrank's explanation were not in the metadata."""
+    parent = cls.hash
+
+    def node_hash(self: TextNode) -> str:
+        meta = self.metadata
+        if EXPLANATION_KEY in meta and is_explanation(meta[EXPLANATION_KEY]):
+            return parent.fget(self.model_copy(update={"metadata": {k: v for k, v in meta.items()
+                                                                       if k != EXPLANATION_KEY}}))
+        return parent.fget(self)
+
+    return property(node_hash)
+
+
+class ExplainedTextNode(TextNode):
+    """A ``TextNode`` carrying normrank's score explanation, whose ``hash`` is the node's own.
+
+    Why: LlamaIndex hashes a node's text and metadata, and ``QueryFusionRetriever`` merges results by that
+    hash. The explanation differs per query, so the same node from two queries (or from a normrank and a
+    stock retriever) was never merged: ``reciprocal_rerank`` returned 4 of 5 nodes with unfused scores.
+    It is a ``TextNode`` in every other way, and serialises as one (``class_name`` is inherited)."""
+
+    __slots__ = ()
+    hash = _hash_without_explanation(TextNode)  # type: ignore[assignment]
+
+
+class ExplainedIndexNode(IndexNode):
+    """:class:`ExplainedTextNode` for an ``IndexNode``."""
+
+    __slots__ = ()
+    hash = _hash_without_explanation(IndexNode)  # type: ignore[assignment]
+
+
+class ExplainedImageNode(ImageNode):
+    """:class:`ExplainedTextNode` for an ``ImageNode``."""
+
+    __slots__ = ()
+    hash = _hash_without_explanation(ImageNode)  # type: ignore[assignment]
+
+
+_EXPLAINED = {TextNode: ExplainedTextNode, IndexNode: ExplainedIndexNode, ImageNode: ExplainedImageNode}
+
+
 def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
     """A copy of ``node`` whose metadata holds ``payload`` under :data:`EXPLANATION_KEY`, hidden from the LLM
     and embed views. The caller's node is not changed; an earlier normrank explanation is replaced.
@@ -71,7 +114,11 @@ def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
                        "left out of this node", node.node_id, EXPLANATION_KEY)
         return node.model_copy()
     metadata = {**node.metadata, EXPLANATION_KEY: dict(payload)}
-    return node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])})
+    out = node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])})
+    explained = _EXPLAINED.get(type(out))
+    if explained is not None:  # same fields and slots: only the hash differs (see ExplainedTextNode)
+        object.__setattr__(out, "__class__", explained)
+    return out
 
 
 def check_reserved(metadata: Mapping[str, Any], where: str) -> None:
