@@ -268,3 +268,17 @@ def test_from_index_reuses_stored_vectors(index, ids, demo_texts, encoder, model
     edited = [Document(id=ids[0], content="An edited text about comets."), *docs[:3]]
     ranker.run(query=q, documents=edited, query_embedding=qv.tolist())
     assert model_calls.texts == before + 1  # same id, other text: encoded, not the stored vector
+
+
+def test_a_document_given_twice_is_ranked_once(encoder, ids, demo_texts):
+    """Hybrid pipelines join BM25 and embedding results, so a document arrives once per retriever. Haystack's
+    rankers keep one copy (the highest incoming score); this one returned ['d3', 'd3', 'd2', 'd2', ...]."""
+    ranker = NormRankRanker(top_k=6, weights={"a": 0.03}, encoder=encoder)
+    docs = _docs(ids[:4], demo_texts[:4])
+    low = [Document(id=d.id, content=d.content, meta=d.meta, score=0.1) for d in docs]
+    high = [Document(id=d.id, content=d.content, meta={**d.meta, "from": "dense"}, score=0.9) for d in docs]
+    out = ranker.run(query="What does mitochondrial DNA encode?", documents=[*low, *high])["documents"]
+    assert sorted(d.id for d in out) == sorted(d.id for d in docs)
+    assert all(d.meta.get("from") == "dense" for d in out)  # the copy with the higher incoming score
+    once = ranker.run(query="What does mitochondrial DNA encode?", documents=high)["documents"]
+    assert [(d.id, d.score) for d in out] == [(d.id, d.score) for d in once]

@@ -68,6 +68,19 @@ def _calibrator(value: NormCalibrator | Mapping[str, Any] | None) -> NormCalibra
     return NormCalibrator.from_dict(dict(value)) if isinstance(value, Mapping) else value
 
 
+def _unique_by_id(documents: list[Document]) -> list[Document]:
+    """One document per id, the copy with the highest incoming score (``None`` lowest), where it first came.
+
+    Why: a hybrid pipeline (BM25 and embedding retrievers joined) passes a document once per retriever;
+    Haystack's own rankers drop the copies, and this one ranked them all (``top_k=6`` gave 3 documents twice)."""
+    best: dict[str, Document] = {}
+    for doc in documents:
+        kept = best.get(doc.id)
+        if kept is None or (doc.score is not None and (kept.score is None or doc.score > kept.score)):
+            best[doc.id] = doc
+    return documents if len(best) == len(documents) else list(best.values())
+
+
 @component
 class NormRankRanker:
     """Re-rank documents by ``cos + w(q) * g(d)`` and return the best ``top_k``.
@@ -283,12 +296,15 @@ class NormRankRanker:
         :param top_k: Documents to return; ``None`` uses the component's ``top_k``.
         :param query_embedding: The query's embedding, if a text embedder already computed it; used
             only when raw (the encoder's dimension, not unit length), else ``query`` is encoded.
-        :returns: ``{"documents": [...]}``, best first, at most ``top_k``; documents without text last.
+        :returns: ``{"documents": [...]}``, best first, at most ``top_k``; documents without text last. A document
+            given more than once (by id, as a hybrid pipeline's joiner passes it) is ranked once, as Haystack's
+            own rankers do: the copy with the highest incoming score.
         :raises EmptyTextError: The query is empty (and no raw ``query_embedding`` is given).
         """
         k = self.top_k if top_k is None else _check_top_k(top_k)
         if not documents:
             return {"documents": []}
+        documents = _unique_by_id(documents)
         scored, why = split_scorable([d.content for d in documents], [d.id for d in documents], "documents")
         out = []
         if scored:
