@@ -180,6 +180,15 @@ def chunk_texts(
         logger.warning("metadata already holds %s (a document loader's 'source', say): the caller's values are "
                        "kept, so those chunks do not carry normrank's own (their document id and offsets)",
                        ", ".join(repr(k) for k in CHUNK_KEYS if k in kept))
+    if len(set(out_ids)) < len(out_ids):  # a chunk's id#n is another document's own id
+        seen: dict[str, str] = {}
+        for cid, meta in zip(out_ids, out_metas):
+            if cid in seen:
+                raise InvalidArgumentError(
+                    f"chunk id {cid!r} is given twice: chunk ids are the document id plus #n, and "
+                    f"{seen[cid]!r} and {meta.get('source', cid)!r} both give it; rename the document whose own "
+                    "id ends in #n")
+            seen[cid] = str(meta.get("source", cid))
     return out_ids, out_texts, out_metas
 
 

@@ -762,7 +762,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens shared by neighbouring chunks (default: 15%% of the chunk size)")
     g.add_argument("--no-chunking", action="store_true", help="one document per file (longer ones are truncated)")
     g.add_argument("--chunk-rows", action="store_true", help="also chunk the rows of a BEIR folder or .jsonl file "
-                   "(their ids become id#n, which qrels do not name)")
+                   "(their ids become id#n, which qrels do not name; start/end index the row's title and text "
+                   "joined by a newline, as embedded)")
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="search a saved index; every hit with its explanation")

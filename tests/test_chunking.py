@@ -241,3 +241,14 @@ def test_chunk_texts_keeps_the_callers_own_chunk_keys(encoder, caplog):
     assert [m["chunk"] for m in metas[:-1]] == list(range(len(metas) - 1))
     assert metas[-1] == {"source": "short", "chunk": 0, "start": "00:01:02", "end": 13}
     assert "'source', 'start'" in caplog.text and "kept" in caplog.text
+
+
+def test_a_chunk_id_that_is_another_documents_id_is_named(encoder):
+    """A long row `x` (chunks x#0, x#1, ...) beside a row whose own id is `x#1` gave "id 'x#1' is given twice
+    in this batch", which did not say why."""
+    from normrank.chunking import chunk_texts
+    from normrank.errors import InvalidArgumentError
+
+    long = "Rivers carve valleys over long spans of time, and the valleys guide later rivers. " * 40
+    with pytest.raises(InvalidArgumentError, match=r"chunk id 'x#1' is given twice: .*'x' and 'x#1' both give it"):
+        chunk_texts([long, "A short row."], ["x", "x#1"], [{}, {}], encoder=encoder, size=64, overlap=8)
