@@ -62,6 +62,9 @@ def test_user_metadata_keys_kept_and_visible(encoder, ids, demo_texts):
         assert "weight: 12 kg" in llm and "relevance_score: high" in llm and "norm: ISO 9001" in llm
         assert "normrank" not in llm and "normrank" not in n.node.get_content(metadata_mode=MetadataMode.EMBED)
         assert n.node.excluded_llm_metadata_keys == ["normrank"]
+    # the re-ranked node hashes as the node given (LlamaIndex merges and deduplicates by hash), and is a TextNode
+    given = {n.node.node_id: n.node for n in _nodes(ids[:8], demo_texts[:8], USER_META, score=0.7)}
+    assert all(n.node.hash == given[n.node.node_id].hash and isinstance(n.node, TextNode) for n in out)
 
 
 def test_a_users_own_normrank_key_is_kept(encoder, ids, demo_texts, caplog):

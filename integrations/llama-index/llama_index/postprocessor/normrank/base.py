@@ -41,6 +41,7 @@ from llama_index.core.instrumentation.events.rerank import (
 )
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.retrievers.normrank.base import as_explained
 
 from normrank._validation import check_option
 from normrank.calibration import NormCalibrator
@@ -235,7 +236,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
             parts[EXPLANATION_KEY]["retrieval_score"] = old.score
         metadata = with_explanation(old.node.metadata, parts, f"node {old.node.node_id!r}")
         hidden = _hide(old.node, EXPLANATION_KEY) if metadata.get(EXPLANATION_KEY) is parts[EXPLANATION_KEY] else {}
-        node = old.node.model_copy(update={"metadata": metadata, **hidden})
+        node = as_explained(old.node.model_copy(update={"metadata": metadata, **hidden}))
         return NodeWithScore(node=node, score=score)
 
     def _postprocess_nodes(

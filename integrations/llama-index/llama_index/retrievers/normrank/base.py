@@ -35,8 +35,22 @@ from normrank.store import MetadataFilter, NormIndex, SearchableIndex
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EXPLANATION_KEY", "NormRankRetriever", "SCORE_KEYS", "add_nodes", "check_reserved", "explain",
-           "explanation", "hidden_keys", "is_explanation", "with_explanation"]
+__all__ = [
+    "EXPLANATION_KEY",
+    "SCORE_KEYS",
+    "ExplainedImageNode",
+    "ExplainedIndexNode",
+    "ExplainedTextNode",
+    "NormRankRetriever",
+    "add_nodes",
+    "as_explained",
+    "check_reserved",
+    "explain",
+    "explanation",
+    "hidden_keys",
+    "is_explanation",
+    "with_explanation",
+]
 
 
 def explanation(hit: Hit) -> dict[str, float]:
@@ -114,11 +128,16 @@ def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
                        "left out of this node", node.node_id, EXPLANATION_KEY)
         return node.model_copy()
     metadata = {**node.metadata, EXPLANATION_KEY: dict(payload)}
-    out = node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])})
-    explained = _EXPLAINED.get(type(out))
-    if explained is not None:  # same fields and slots: only the hash differs (see ExplainedTextNode)
-        object.__setattr__(out, "__class__", explained)
-    return out
+    return as_explained(node.model_copy(update={"metadata": metadata, **hidden_keys(node, [EXPLANATION_KEY])}))
+
+
+def as_explained(node: BaseNode) -> BaseNode:
+    """``node``, a copy the caller owns, made its explained type (:class:`ExplainedTextNode`), whose hash
+    leaves the explanation out; other node types are returned as they are."""
+    explained = _EXPLAINED.get(type(node))
+    if explained is not None:  # same fields and slots: only the hash differs
+        object.__setattr__(node, "__class__", explained)
+    return node
 
 
 def check_reserved(metadata: Mapping[str, Any], where: str) -> None:
