@@ -155,7 +155,11 @@ def upsert_vectors(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: 
                    texts: Sequence[str | None], metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
     """Add a batch, replacing the documents whose ids the index holds (the frameworks' upsert); if the
     add fails, the replaced documents are put back, so a refused batch loses nothing. The caller holds
-    its store's write lock; the ids are distinct (the index names a repeat)."""
+    its store's write lock; the ids are distinct (the index names a repeat). An index with its own
+    ``upsert_vectors`` (pgvector: one transaction, which other processes see whole) does it itself."""
+    native = getattr(index, "upsert_vectors", None)
+    if native is not None:
+        return native(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
     existing = [x for x in ids if x in index]
     old_records, old_vectors = [], None
     if existing:

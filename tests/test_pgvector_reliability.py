@@ -32,6 +32,7 @@ from normrank.errors import (  # noqa: E402
     InvalidIdError,
     InvalidMetadataError,
     InvalidTextError,
+    InvalidVectorError,
     NormRankError,
     UnknownIdError,
 )
@@ -543,3 +544,56 @@ def test_a_handles_own_ef_search_outlives_the_tables_writes(pg_dsn, table):
     a.set_weights(Weights(a=0.01))
     assert a.ef_search == 40 and b.ef_search == 64
     assert PgVectorNormIndex(pg_dsn, table).ef_search == 64
+
+
+def test_an_upsert_is_seen_whole_by_other_connections(pg_dsn, table):
+    """The frameworks' upsert (re-adding an id replaces it) was a delete and an add, two transactions:
+    another process searching between them got 4 of 8 documents, or "k of 8 is larger than the number of
+    documents (4)", and two processes replacing the same ids failed each other with DuplicateIdError or
+    UnknownIdError. It is one transaction now, under the table's advisory lock."""
+    from normrank.index_base import upsert_vectors
+
+    vecs, counts = synthetic(8, 16, seed=5)
+    ids = [str(i) for i in range(8)]
+    writers = [PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.03)) for _ in range(2)]
+    writers[0].add_vectors(vecs, counts, ids=ids)
+    reader = PgVectorNormIndex(pg_dsn, table)
+    stop, errors, short = threading.Event(), [], []
+
+    def replace(index: PgVectorNormIndex, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            while not stop.is_set():
+                fresh = (vecs[:4] * rng.uniform(0.8, 1.2, (4, 1))).astype(np.float32)
+                upsert_vectors(index, fresh, counts[:4].tolist(), ids[:4], [None] * 4, [{}] * 4)
+        except Exception as exc:  # noqa: BLE001 - any error is a finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=replace, args=(w, s)) for s, w in enumerate(writers)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(60):
+            got = [h.id for h in reader.search(vecs[6], 8)]
+            if sorted(got) != ids:
+                short.append(got)
+            assert len(reader) == 8 and sorted(reader.ids()) == ids
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        for index in (*writers, reader):
+            index.close()
+    assert not errors, errors[:3]
+    assert not short, short[:3]
+    # a refused replacement rolls back whole: the rows it would have replaced are still there
+    check = PgVectorNormIndex(pg_dsn, table)
+    try:
+        before = _dump(pg_dsn, table)[0]
+        bad = vecs[:2].copy()
+        bad[1, 0] = np.nan
+        with pytest.raises(InvalidVectorError):
+            upsert_vectors(check, bad, counts[:2].tolist(), ids[:2], [None] * 2, [{}] * 2)
+        assert _dump(pg_dsn, table)[0] == before and len(check) == 8
+    finally:
+        check.close()
