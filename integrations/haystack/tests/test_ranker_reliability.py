@@ -131,6 +131,18 @@ def test_old_type_name_and_import_path_still_load(encoder):
     assert isinstance(ranker, NormRankRanker)
     assert (ranker.top_k, ranker.weights, ranker.pooling) == (2, Weights(a=0.01), "norm")
     assert ranker.to_dict()["type"] == "haystack_integrations.components.rankers.normrank.ranker.NormRankRanker"
+    # a fresh process, as the README says: the old module is allowlisted by importing the new package, or
+    # named in allowed_modules (Haystack checks its allowlist before it imports anything)
+    import subprocess
+    import sys
+
+    for prelude, extra in (("import haystack_integrations.components.rankers.normrank", ""),
+                           ("", ", allowed_modules=['haystack_normrank.*']")):
+        code = (f"import sys\n{prelude}\nfrom haystack import Pipeline\n"
+                f"r = Pipeline.loads(sys.stdin.read(){extra}).get_component('rerank')\nprint(type(r).__name__, r.top_k)")
+        run = subprocess.run([sys.executable, "-c", code], input=old, capture_output=True, text=True, timeout=300,
+                             check=False)
+        assert run.returncode == 0 and run.stdout.split() == ["NormRankRanker", "2"], run.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- issue 10 item 17
