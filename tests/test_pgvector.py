@@ -330,3 +330,35 @@ def test_reopened_table_keeps_the_encoders_pooling_and_backend(pg_dsn, table, de
     assert other.encoder.backend == "torch"
     assert [h.id for h in other.search("photosynthesis in plants", 3)] == [h.id for h in before]
     other.close()
+
+
+def test_overlapping_local_servers_do_not_break_each_other(tmp_path):
+    """As root, a local server opens the folders above its data and binaries to its server user, and puts
+    them back when it stops. One that stopped while another ran put them back under the other (which then
+    could not load pgvector in new connections) and removed the user it ran as; one started while another
+    ran restored the modes it found opened, so they stayed open."""
+    import os
+
+    import psycopg
+
+    from normrank.pgvector_store import local_server
+
+    def works(dsn: str) -> bool:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            return conn.execute("SELECT '[1,2,3]'::vector <#> '[1,0,0]'::vector").fetchone()[0] == -1
+
+    before = os.stat("/root").st_mode if os.path.isdir("/root") else None
+    first, second = local_server(tmp_path), local_server(tmp_path)
+    a = first.__enter__()
+    try:
+        b = second.__enter__()
+        try:
+            assert works(a) and works(b)
+        finally:
+            first.__exit__(None, None, None)
+        assert works(b)  # the first one's stop left the second one's folders and user alone
+    finally:
+        second.__exit__(None, None, None)
+    if before is not None:
+        assert os.stat("/root").st_mode == before
