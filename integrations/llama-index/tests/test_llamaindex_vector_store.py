@@ -1070,7 +1070,7 @@ def test_query_fusion_merges_normrank_results_as_it_merges_stock_ones(encoder, e
     """``QueryFusionRetriever`` merges results by ``node.hash`` (text + metadata). The per-query explanation
     in the metadata gave the same node another hash for every query: never merged, 4 of 5 nodes came back
     with unfused scores. The explained node hashes as the node itself, and still carries the explanation."""
-    import pickle
+    import copy
 
     from llama_index.core.llms import MockLLM
     from llama_index.core.retrievers import QueryFusionRetriever
@@ -1089,5 +1089,5 @@ def test_query_fusion_merges_normrank_results_as_it_merges_stock_ones(encoder, e
     assert "normrank" in node.metadata and isinstance(node, TextNode) and node.class_name() == "TextNode"
     bare = TextNode(text=node.text, id_=node.node_id, metadata={k: v for k, v in node.metadata.items()
                                                                if k != "normrank"})
-    assert node.hash == bare.hash and pickle.loads(pickle.dumps(node)).hash == bare.hash
+    assert node.hash == bare.hash and copy.deepcopy(node).hash == bare.hash
     assert type(TextNode.from_dict(node.to_dict())) is TextNode
