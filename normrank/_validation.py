@@ -136,15 +136,23 @@ MAX_METADATA_DEPTH = 32
 MAX_METADATA_BYTES = 1_000_000
 
 
+#: Unicode categories of characters with no content on their own: control and format characters (a
+#: zero-width space, a byte-order mark, a soft hyphen), combining marks with nothing to combine with
+#: (accents, variation selectors, the combining grapheme joiner) and private-use code points. MiniLM's
+#: tokenizer turns a text of any of them, or of U+FFFD, into nothing but ``[CLS] [SEP]``.
+_NOTHING_TO_READ = frozenset({"Cc", "Cf", "Mn", "Me", "Co"})
+
+
 def is_blank_text(text: str) -> bool:
-    """True when ``text`` has nothing a model reads: only whitespace, control and format characters.
+    """True when ``text`` has nothing a model reads: only whitespace, control and format characters,
+    combining marks, private-use characters and U+FFFD (see :data:`_NOTHING_TO_READ`).
 
     Why not ``str.strip``: a zero-width space (U+200B), byte-order mark (U+FEFF), soft hyphen or a lone
     control character survives ``strip()``, and the tokenizer drops it, so such a text was embedded as the
     bare ``[CLS] [SEP]`` vector and stored as a document with no content.
     """
     if not text.isascii():
-        return all(ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf") for ch in text)
+        return all(ch.isspace() or ch == "\ufffd" or unicodedata.category(ch) in _NOTHING_TO_READ for ch in text)
     return not text.strip() or all(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in text)
 
 

@@ -190,12 +190,21 @@ def qrels_grade(text: str, path: Path, no: int) -> int:
     """A qrels grade: a whole number ("1", "2.0"). ``int(float())`` turned 0.7 into 0, so a query judged
     that way silently had no relevant document."""
     try:
-        value = float(text)
+        whole = int(text)  # exactly, as written: float() rounded 2**53 + 1 to 2**53 before any check
     except ValueError:
-        raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a number") from None
-    if not value.is_integer():
-        raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a whole number (qrels grades are 0, 1, 2, ...)")
-    return int(value)
+        whole = None
+    if whole is None:
+        try:
+            value = float(text)
+        except ValueError:
+            raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a number") from None
+        if not value.is_integer():
+            raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a whole number (qrels grades are 0, 1, 2, ...)")
+        whole = int(value)
+    if abs(whole) > 2**53:
+        raise DatasetError(f"{path}:{no}: score {text[:40]!r} is beyond 2**53 in magnitude; qrels grades are small "
+                           "whole numbers (0 = not relevant)")
+    return whole
 
 
 def add_judgment(qrels: dict[str, dict[str, int]], seen: dict[tuple[str, str], int], q: str, d: str, grade: int,

@@ -236,7 +236,8 @@ def test_empty_corpus(encoder, store, tmp_path):
     assert not (tmp_path / "never-written").exists()
 
 
-@pytest.mark.parametrize("blank", ["", "   ", "\n\t ", "\u200b", "\ufeff\u00ad \u200d", "\x01\x7f"])
+@pytest.mark.parametrize("blank", ["", "   ", "\n\t ", "\u200b", "\ufeff\u00ad \u200d", "\x01\x7f", "\u0301",
+                                   "\u034f\ufe0f\u180b", "\ufffd", "\ue000"])
 def test_empty_or_whitespace_texts(store, blank):
     # zero-width, format and control characters: the tokenizer drops them, so the text was stored as
     # the bare [CLS] [SEP] vector
@@ -246,7 +247,7 @@ def test_empty_or_whitespace_texts(store, blank):
 
 
 def test_text_with_invisible_characters_and_words_is_kept(store):
-    text = "\u200bA zebra\u00adcrossing painted on the street.\ufeff"
+    text = "\u200bA zebra\u00adcrossing painted on the stre\u0301et.\ufeff\ufe0f"
     store.add_texts([text], ids=["zw"])
     assert store.get(["zw"])[0].text == text
     assert store.search("\u200bzebra crossing on a street", 1)[0].id == "zw"

@@ -123,6 +123,11 @@ def test_read_qrels_names_the_bad_line(tmp_path):
         read_qrels(bad)
     bad.write_text("q1\td1\t1\nq1\td2\t2.0\n")
     assert read_qrels(bad) == {"q1": {"d1": 1, "d2": 2}}
+    # 2**53 + 1 was read through float(), rounded to 2**53, and passed the bound
+    for grade in ("9007199254740993", "-9007199254740993", "1e16"):
+        bad.write_text(f"q1\td1\t{grade}\n")
+        with pytest.raises(DatasetError, match=r"q\.tsv:1: score .* beyond 2\*\*53"):
+            read_qrels(bad)
 
 
 def test_evaluate_names_an_unknown_fit_option_before_any_work(tmp_path):
