@@ -128,15 +128,15 @@ def read_text_file(path: str | Path) -> str:
         raise DatasetError(f"{f} is a folder, not a text file") from exc
 
 
-#: The fields of a corpus row that are not its metadata.
-_ROW_FIELDS = frozenset({"_id", "id", "title", "text", "metadata"})
+#: The fields of a corpus row that are not its metadata (besides ``id`` when it names the row).
+_ROW_FIELDS = frozenset({"_id", "title", "text", "metadata"})
 
 
 def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path, *, need_id: bool = False) -> list[tuple[str, str, dict]]:
     """(id, text, metadata) per row. The id is ``_id`` (else ``id``), named like ``load_beir`` names it
     when it is null, empty, a list or a dict (``"_id": null`` became the id "None"); a row with
     neither is numbered by its line, except in a BEIR folder (``need_id``), whose qrels name documents by
-    ``_id``: there it is a :class:`DatasetError`, as ``eval`` (``load_beir``) says. A repeated id names both lines. The metadata is the row's
+    ``_id``: there a row needs its ``_id`` (``id`` does not stand in), as ``eval`` (``load_beir``) says. A repeated id names both lines. The metadata is the row's
     ``metadata`` object plus its other fields (``url``, ``year``: they were dropped without a word);
     text, title and metadata that no store accepts are named by file and line."""
     from normrank.datasets import _row_id, _row_text
@@ -147,7 +147,7 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path, *, need_id: bool = 
         if not isinstance(row, dict) or ("text" not in row and "title" not in row):
             # a title alone is the document, as load_beir reads it (eval took such a folder, index refused it)
             raise DatasetError(f"{path}:{no} has no 'text' field (expected _id, title, text)")
-        key = "_id" if "_id" in row else "id" if "id" in row else None
+        key = "_id" if "_id" in row else "id" if "id" in row and not need_id else None
         if key is None and need_id:
             raise DatasetError(f"{path}:{no} has no usable '_id' (a string or number naming the row): a BEIR "
                                "corpus names its documents, and its qrels judge them by that id")
@@ -164,7 +164,7 @@ def _jsonl_rows(rows: Iterable[tuple[int, Any]], path: Path, *, need_id: bool = 
         if own is not None and not isinstance(own, dict):
             raise DatasetError(f"{where} has a 'metadata' that is a {type(own).__name__}; expected a JSON object")
         # other fields of the row (url, year, ...) are its metadata too; the row's own metadata wins a clash
-        extra = {k: v for k, v in row.items() if k not in _ROW_FIELDS}
+        extra = {k: v for k, v in row.items() if k not in _ROW_FIELDS and k != key}
         meta = check_metadata({**extra, **(own or {})}, f"{where} metadata")
         if title:
             meta.setdefault("title", title)  # a row's own metadata title is the user's: kept

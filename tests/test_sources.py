@@ -90,3 +90,11 @@ def test_a_beir_corpus_row_needs_its_id_a_jsonl_file_row_is_numbered(tmp_path):
     with pytest.raises(DatasetError, match=r"corpus.jsonl:1 has no usable '_id'"):
         read_source(beir)
     assert read_source(beir / "corpus.jsonl")[0] == ["1", "2"]
+    # `id` does not stand in for `_id` in a BEIR folder, as eval reads it; in a .jsonl file it names the row,
+    # and beside an `_id` it is metadata like any other field
+    _jsonl(beir / "corpus.jsonl", [{"id": "a", "text": "Stars fuse hydrogen."}])
+    with pytest.raises(DatasetError, match=r"corpus.jsonl:1 has no usable '_id'"):
+        read_source(beir)
+    assert read_source(beir / "corpus.jsonl")[:3] == (["a"], ["Stars fuse hydrogen."], [{}])
+    _jsonl(beir / "corpus.jsonl", [{"_id": "a", "id": "ext-7", "text": "Stars fuse hydrogen."}])
+    assert read_source(beir)[2] == [{"id": "ext-7"}]
