@@ -456,7 +456,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     shown = f"{len(groups)} {args.group_by} groups" if groups is not None else f"{len(hits)} hits"
     query = args.query if len(args.query) <= 100 else args.query[:60] + "\u2026" + args.query[-30:]
     print(f"{shown} for {query!r} ({blend})")  # a pasted page of query is not repeated whole
-    width = min(ID_WIDTH, max([2, *(len(h.id) for h in hits)]))
+    width = min(ID_WIDTH, max([2, *(len(_printable(h.id)) for h in hits)]))
     header = f"  {'#':>2} {'id':<{width}} {'score':>7} {'cosine':>7} {'g(d)':>6} {'w(q)':>7}  text"
     if groups is None:
         print(header)
@@ -465,7 +465,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         return 0
     rank = 0
     for key, members in groups:
-        print(f"{args.group_by} {key}  (best score {members[0].score:.4f}, {len(members)} "
+        print(f"{args.group_by} {_printable(str(key))}  (best score {members[0].score:.4f}, {len(members)} "
               f"hit{'s' if len(members) > 1 else ''})")
         for h in members:
             rank += 1
@@ -477,11 +477,18 @@ def cmd_search(args: argparse.Namespace) -> int:
 ID_WIDTH = 48
 
 
+def _printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped (newline, tab, ESC sequences, bidi overrides):
+    printed raw, an id or a metadata value with a newline broke the table, and ESC[2J cleared the screen."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def _short_id(doc_id: str, width: int) -> str:
     """The id whole, or its start and its (more telling: file name, chunk number) end around an ellipsis.
-    Control characters (a file name with a newline or tab) are shown escaped: printed raw they broke the table."""
-    if not doc_id.isprintable():
-        doc_id = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in doc_id)
+    Control characters (a file name with a newline or tab) are shown escaped (:func:`_printable`)."""
+    doc_id = _printable(doc_id)
     if len(doc_id) <= width:
         return doc_id
     head = (width - 1) // 3
@@ -490,6 +497,8 @@ def _short_id(doc_id: str, width: int) -> str:
 
 def _hit_line(rank: int, h: Any, width: int) -> str:
     snippet = " ".join((h.text or h.metadata.get("title", "") or "").split())[:60]
+    if not snippet.isprintable():  # ESC sequences, bidi overrides: dropped from a preview (the id is escaped)
+        snippet = "".join(c for c in snippet if c.isprintable())
     return (f"  {rank:>2} {_short_id(h.id, width):<{width}} {h.score:7.4f} {h.cosine:7.4f} {h.norm_feature:+6.2f} "
             f"{h.weight:+7.4f}  {snippet}")
 

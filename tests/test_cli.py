@@ -436,15 +436,21 @@ def test_fit_names_qrels_that_judge_a_chunked_file(tmp_path, capsys, encoder):
 
 def test_search_table_escapes_control_characters_in_ids(tmp_path, capsys, encoder):
     """An id with a newline or tab (a file name can hold both) broke the result table over two lines."""
-    src = _jsonl(tmp_path / "docs.jsonl", [{"_id": "odd\nname\t1", "text": "Stars fuse hydrogen into helium."},
-                                          {"_id": "plain", "text": "Bread rises with yeast."}])
+    src = _jsonl(tmp_path / "docs.jsonl", [
+        {"_id": "odd\nname\t1", "text": "Stars fuse \x1b[2Jhydrogen into helium.", "metadata": {"source": "a\nb"}},
+        {"_id": "plain", "text": "Bread rises with yeast.", "metadata": {"source": "c\x1b[31m"}}])
     assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["search", str(tmp_path / "idx"), "what do stars burn", "-k", "2"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("   1 ", "   2 "))]
-    assert len(rows) == 2 and "odd" in rows[0] and "\\t1" in rows[0] and "\t" not in rows[0], out
+    assert len(rows) == 2 and "odd\\nname\\t1" in rows[0] and "\t" not in rows[0], out
     assert len(out.strip().splitlines()) == 4, out  # the title, the header and two hits
+    assert "\x1b" not in out  # an ESC sequence in a text (it cleared the screen) is not printed
+    # group headers print the group's value escaped as well (a newline split the header over two lines)
+    assert main(["search", str(tmp_path / "idx"), "what do stars burn", "-k", "2", "--group-by", "source"]) == 0
+    out = capsys.readouterr().out
+    assert "source a\\nb  (best score" in out and "source c\\x1b[31m  (best score" in out and "\x1b" not in out
 
 
 def test_index_options_that_were_ignored_are_named(tmp_path, capsys, encoder):
