@@ -65,6 +65,13 @@ def test_user_metadata_keys_kept_and_visible(encoder, ids, demo_texts):
     # the re-ranked node hashes as the node given (LlamaIndex merges and deduplicates by hash), and is a TextNode
     given = {n.node.node_id: n.node for n in _nodes(ids[:8], demo_texts[:8], USER_META, score=0.7)}
     assert all(n.node.hash == given[n.node.node_id].hash and isinstance(n.node, TextNode) for n in out)
+    from llama_index.core.schema import Document
+
+    documents = [NodeWithScore(node=Document(text=t, id_=i), score=0.5) for i, t in zip(ids[:4], demo_texts[:4])]
+    for query in ("stars", "vaccines"):
+        ranked = post.postprocess_nodes(documents, query_str=query)
+        assert all(isinstance(n.node, Document) and n.node.class_name() == "Document" for n in ranked)
+        assert sorted(n.node.hash for n in ranked) == sorted(d.node.hash for d in documents)
 
 
 def test_a_users_own_normrank_key_is_kept(encoder, ids, demo_texts, caplog):

@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.schema import BaseNode, ImageNode, IndexNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
+from llama_index.core.schema import (
+    BaseNode,
+    Document,
+    ImageNode,
+    IndexNode,
+    MetadataMode,
+    NodeWithScore,
+    QueryBundle,
+    TextNode,
+)
 
 from normrank.config import NormRankConfig, build_index, load_config
 from normrank.encoders import RawEncoder
@@ -38,6 +47,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "EXPLANATION_KEY",
     "SCORE_KEYS",
+    "ExplainedDocument",
     "ExplainedImageNode",
     "ExplainedIndexNode",
     "ExplainedTextNode",
@@ -112,7 +122,17 @@ class ExplainedImageNode(ImageNode):
     hash = _hash_without_explanation(ImageNode)  # type: ignore[assignment]
 
 
-_EXPLAINED = {TextNode: ExplainedTextNode, IndexNode: ExplainedIndexNode, ImageNode: ExplainedImageNode}
+class ExplainedDocument(Document):
+    """:class:`ExplainedTextNode` for a ``Document`` (re-ranked documents, a retriever over documents)."""
+
+    __slots__ = ()
+    hash = _hash_without_explanation(Document)  # type: ignore[assignment]
+
+
+#: The node classes made explained (exact types: another subclass keeps its own class and its hash, which
+#: then holds the explanation).
+_EXPLAINED = {TextNode: ExplainedTextNode, IndexNode: ExplainedIndexNode, ImageNode: ExplainedImageNode,
+              Document: ExplainedDocument}
 
 
 def with_explanation(node: BaseNode, payload: Mapping[str, float]) -> BaseNode:
