@@ -269,7 +269,25 @@ def _show_progress(args: argparse.Namespace, config: Any) -> bool | None:
     return config.encoder.show_progress if "show_progress" in config.encoder.model_fields_set else True
 
 
-def _carry_over_fit(out: str, config: Any, index: Any) -> None:
+def _note_other_store_path(args: argparse.Namespace, config: Any) -> None:
+    if config.store.backend == "faiss" and config.store.path and \
+            Path(str(config.store.path)).resolve() != Path(args.out).resolve():
+        print(f"note: the index goes to --out {args.out}; the config's store.path ({config.store.path}) is neither "
+              f"read nor written, and it is what `normrank search {args.config}` opens", file=sys.stderr)
+
+
+def _saved_state_or_none(out: str) -> dict[str, Any] | None:
+    """The settings saved at ``out`` (:func:`normrank.store.saved_state`), or ``None`` if none can be read."""
+    from normrank.errors import NormRankError
+    from normrank.store import saved_state
+
+    try:
+        return saved_state(out)
+    except (FileNotFoundError, NormRankError):
+        return None
+
+
+def _carry_over_fit(out: str, config: Any, index: Any, state: dict[str, Any] | None = None) -> bool:
     """Keep the blend (and query calibration) ``normrank fit`` saved at ``out`` when ``index`` rebuilds it.
 
     Why: re-indexing a folder after adding a file replaced a fitted ``a=0.05`` with the defaults' plain
@@ -281,29 +299,32 @@ def _carry_over_fit(out: str, config: Any, index: Any) -> None:
     from normrank.encoders import encoder_differences
     from normrank.errors import NormRankError
     from normrank.scoring import Weights
-    from normrank.store import saved_state
 
+    state = _saved_state_or_none(out) if state is None else state
+    if state is None:
+        return False  # nothing saved there, or nothing readable: the new index replaces it as built
     try:
-        state = saved_state(out)
         weights = Weights.from_saved(state["weights"], f"the index at {out}")
         query_calibration = state.get("query_calibrator")
         qcal = NormCalibrator.from_dict(query_calibration) if query_calibration else None
-    except (FileNotFoundError, NormRankError, KeyError):
-        return  # nothing saved there, or nothing readable: the new index replaces it as built
+    except (NormRankError, KeyError):
+        return False
     if weights.is_cosine and qcal is None:
-        return
+        return False
     if encoder_differences(state.get("encoder"), index.encoder):
         print(f"note: {out} held a blend fitted for another encoder ({_blend_text(weights)}); this index starts "
               "from the config's scoring: run `normrank fit` on it again", file=sys.stderr)
-        return
+        return False
     given = {key: getattr(config.scoring, key) for key in config.scoring.model_fields_set}
     kept = weights.replace(**given)
     index.set_weights(kept)
     if qcal is not None and index.query_calibrator is None:
         index.query_calibrator = qcal
-    print(f"note: kept the blend fitted earlier in {out} ({_blend_text(kept)}"
-          f"{' and its query calibration' if qcal is not None else ''}); run `normrank fit` again to refit it on "
+    named = f", with the config's {', '.join(sorted(given))}" if given else ""
+    print(f"note: kept the blend fitted earlier in {out} ({_blend_text(kept)}{named}"
+          f"{'; and its query calibration' if qcal is not None else ''}); run `normrank fit` again to refit it on "
           "these documents, or name scoring: keys in a config to replace it", file=sys.stderr)
+    return True
 
 
 def cmd_index(args: argparse.Namespace) -> int:
@@ -337,19 +358,21 @@ def cmd_index(args: argparse.Namespace) -> int:
             c.overlap = args.chunk_overlap if args.chunk_overlap is not None else c.overlap
             c.enabled = c.enabled and not args.no_chunking
             c.rows = c.rows or args.chunk_rows
+        _note_other_store_path(args, ray_config)
+        # read before Ray writes the folder anew: a fitted blend there is kept, as without --ray
+        fitted = _saved_state_or_none(args.out) if ray_config.store.backend == "faiss" else None
         stop = _start_ray(quiet=not args.verbose)
         try:
             index = index_with_ray(args.source, args.out, config=ray_config, num_actors=args.ray_actors,
                                    show_progress=_show_progress(args, ray_config) is not False)
         finally:
             stop()
+        if fitted is not None and _carry_over_fit(args.out, ray_config, index, fitted):
+            index.save(args.out)
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
     config = load_config(args.config)  # a bad setting is named before the corpus is read
-    if config.store.backend == "faiss" and config.store.path and \
-            Path(str(config.store.path)).resolve() != Path(args.out).resolve():
-        print(f"note: the index goes to --out {args.out}; the config's store.path ({config.store.path}) is neither "
-              f"read nor written, and it is what `normrank search {args.config}` opens", file=sys.stderr)
+    _note_other_store_path(args, config)
     config.store.path = None  # --out is where this index goes; never load another one into it
     if args.model:
         config.encoder.model = _model_arg(args.model)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -29,6 +30,17 @@ def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder):
     assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--ray", "--no-progress"]) == 1
     err = capfd.readouterr().err
     assert "idx-encoded exists" in err and "earlier --ray run: delete it to encode again" in err
+    # a blend fitted into the folder is kept by a --ray re-index too (it was reset to plain cosine)
+    from normrank import Weights
+
+    tuned = NormIndex.load(tmp_path / "idx")
+    tuned.set_weights(Weights(a=0.05))
+    tuned.save(tmp_path / "idx")
+    shutil.rmtree(tmp_path / "idx-encoded")
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--ray", "--ray-actors", "1",
+                 "--no-progress"]) == 0
+    assert "kept the blend fitted earlier" in capfd.readouterr().err
+    assert NormIndex.load(tmp_path / "idx").weights == Weights(a=0.05)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's own file")
     assert main(["index", str(src), "--out", str(tmp_path / "mine"), "--ray", "--no-progress"]) == 1
