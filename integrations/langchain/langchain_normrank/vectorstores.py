@@ -151,6 +151,16 @@ def _check_ids_given(ids: Sequence[Any]) -> list[str]:
     return out
 
 
+def _named_folder(folder_path: str | os.PathLike[str], index_name: str | None) -> Path:
+    """``folder_path``, or its sub-folder ``index_name`` (a plain name: no separators, not ``.`` or ``..``)."""
+    if index_name is None:
+        return Path(folder_path)
+    if not isinstance(index_name, str) or not index_name or index_name in (".", "..") or "/" in index_name \
+            or "\\" in index_name:
+        raise InvalidArgumentError(f"index_name must be a plain folder name, got {index_name!r}")
+    return Path(folder_path) / index_name
+
+
 class NormRankVectorStore(VectorStore):
     """A LangChain vector store ranking by cosine plus a calibrated norm term (normrank's blend).
 
@@ -641,8 +651,11 @@ class NormRankVectorStore(VectorStore):
         return store
 
     # ------------------------------------------------------------ persistence
-    def save_local(self, folder_path: str | os.PathLike[str]) -> Path:
+    def save_local(self, folder_path: str | os.PathLike[str], index_name: str | None = None) -> Path:
         """Save to ``folder_path`` through normrank's atomic, checksummed format (no pickle).
+
+        ``index_name`` (LangChain's FAISS store takes it) saves into the sub-folder of that name, so several
+        stores can share ``folder_path``; :meth:`load_local` takes the same name.
 
         Returns the version folder written. A pgvector store lives in PostgreSQL and has nothing to
         save locally (``InvalidArgumentError``); an empty store saves and reloads empty, except one that never
@@ -654,7 +667,7 @@ class NormRankVectorStore(VectorStore):
                 f"save_local saves an in-memory NormIndex; this store's {type(self.index).__name__} already "
                 "persists in its database")
         with self._rw.read():
-            return self.index.save(folder_path)
+            return self.index.save(_named_folder(folder_path, index_name))
 
     @classmethod
     def load_local(
@@ -666,6 +679,7 @@ class NormRankVectorStore(VectorStore):
         token_counter: TokenCounter | None = None,
         explanation_key: str = EXPLANATION_KEY,
         allow_dangerous_deserialization: bool | None = None,
+        index_name: str | None = None,
     ) -> NormRankVectorStore:
         """Load a store saved by :meth:`save_local` (or any ``NormIndex.save`` folder).
 
@@ -686,6 +700,7 @@ class NormRankVectorStore(VectorStore):
                           "files and never unpickles; the argument is ignored", UserWarning, stacklevel=2)
         emb = _as_embeddings(embeddings)
         encoder = emb.encoder if isinstance(emb, NormRankEmbeddings) else None
+        folder_path = _named_folder(folder_path, index_name)
         index = NormIndex.load(folder_path, encoder=encoder)
         if emb is None and getattr(index, "_encoder", None) is None:
             raise InvalidArgumentError(

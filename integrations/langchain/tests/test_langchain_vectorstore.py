@@ -513,6 +513,14 @@ def test_save_local_load_local_round_trip(store, tmp_path, queries):
         NormRankVectorStore.load_local(tmp_path / "lc", allow_dangerous_deserialization=False)
     with pytest.raises(FileNotFoundError):
         NormRankVectorStore.load_local(tmp_path / "nothing-here")
+    # index_name, as LangChain's FAISS store takes it (it was a TypeError): a sub-folder per store
+    store.save_local(tmp_path / "shared", index_name="docs")
+    named = NormRankVectorStore.load_local(tmp_path / "shared", NormRankEmbeddings(encoder=store.embedding.encoder),
+                                           index_name="docs")
+    assert [d.id for d in named.similarity_search(queries[0], k=5)] == [d.id for d in store.similarity_search(queries[0], k=5)]
+    for bad in ("../elsewhere", "", ".."):
+        with pytest.raises(InvalidArgumentError, match="index_name must be a plain folder name"):
+            store.save_local(tmp_path / "shared", index_name=bad)
     metadata = next((tmp_path / "lc").glob("v-*")) / "metadata.json"
     metadata.write_text(metadata.read_text().replace("astro", "astrx"))
     with pytest.raises(IndexFormatError):
