@@ -186,6 +186,12 @@ def available_splits(path: str | os.PathLike[str]) -> list[str]:
     return sorted(p.stem for p in q.glob("*.tsv")) if q.is_dir() else []
 
 
+#: Largest qrels grade magnitude accepted (read from files here, checked again by ``fitting.check_qrels``):
+#: every whole number up to it is exact as a float, and sums of gains stay finite (a grade of 10**308 made
+#: nDCG NaN in silence, 10**400 a bare OverflowError).
+MAX_GRADE = 2**53
+
+
 def qrels_grade(text: str, path: Path, no: int) -> int:
     """A qrels grade: a whole number ("1", "2.0"). ``int(float())`` turned 0.7 into 0, so a query judged
     that way silently had no relevant document."""
@@ -201,7 +207,7 @@ def qrels_grade(text: str, path: Path, no: int) -> int:
         if not value.is_integer():
             raise DatasetError(f"{path}:{no}: score {text[:40]!r} is not a whole number (qrels grades are 0, 1, 2, ...)")
         whole = int(value)
-    if abs(whole) > 2**53:
+    if abs(whole) > MAX_GRADE:
         raise DatasetError(f"{path}:{no}: score {text[:40]!r} is beyond 2**53 in magnitude; qrels grades are small "
                            "whole numbers (0 = not relevant)")
     return whole

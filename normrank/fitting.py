@@ -29,6 +29,7 @@ from scipy import stats
 from normrank._validation import check_option, is_blank_text
 from normrank.calibration import FEATURES
 from normrank.candidate_set import CandidateSet
+from normrank.datasets import MAX_GRADE
 from normrank.errors import (
     EmptyCorpusError,
     EmptyTextError,
@@ -257,11 +258,6 @@ def check_fit_kwargs(kwargs: Mapping[str, Any], *, depth: bool = False) -> dict[
 
 #: Fewest cosine candidates per query a fit scores: nDCG@10 is computed over them.
 FIT_MIN_DEPTH = 10
-
-
-#: Largest grade magnitude accepted: every whole number up to it is exact as a float, and sums of gains stay
-#: finite (a grade of 10**308 made nDCG NaN in silence, 10**400 a bare OverflowError).
-MAX_GRADE = 2**53
 
 
 def _whole_grade(g: Any) -> bool:

@@ -128,8 +128,7 @@ class PgWriteMixin:
         wanted = self._batch_ids(list(ids), len(ids))  # strings, distinct: named before the transaction
 
         def body(cur: Any) -> list[str]:
-            if self._exists:
-                self._check_batch(vectors, token_counts, texts, metadatas, empty=False)  # before any delete
+            if self._exists:  # a batch the add refuses rolls this delete back with it: one transaction
                 gone = cur.execute(self._names.sql("DELETE FROM {t} WHERE id = ANY(%s) RETURNING id"),
                                    (list(wanted),)).fetchall()
                 self._count -= len(gone)

@@ -92,6 +92,13 @@ from llama_index.retrievers.normrank.base import (
 
 #: This store's key in ``NormIndex.adapter_state`` (saved with the index).
 _ADAPTER_KEY = "llama_index"
+def _saved_references(state: Any) -> set[str]:
+    """The deleted reference-node ids an index's ``adapter_state`` holds for this store (none if unreadable)."""
+    mine = state.get(_ADAPTER_KEY) if isinstance(state, dict) else None
+    saved = mine.get("deleted_reference_nodes") if isinstance(mine, dict) else None
+    return {x for x in saved if isinstance(x, str)} if isinstance(saved, list) else set()
+
+
 #: Metadata key holding the node id beside LlamaIndex's ``_node_content`` (``node_ids`` filters read it).
 NODE_ID_KEY = "_node_id"
 #: Node classes LlamaIndex's ``VectorStoreIndex`` lists in its ``nodes_dict`` when the store keeps the text.
@@ -530,12 +537,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
 
     def _former_reference_ids(self) -> set[str]:
         """Ids of IndexNode / ImageNode nodes deleted through this store (see :meth:`_is_nodes_dict`)."""
-        state = getattr(self._index, "adapter_state", None)
-        mine = state.get(_ADAPTER_KEY) if isinstance(state, dict) else None
-        saved = mine.get("deleted_reference_nodes") if isinstance(mine, dict) else None
-        if not isinstance(saved, list):
-            return self._former_references
-        return self._former_references | {x for x in saved if isinstance(x, str)}
+        return self._former_references | _saved_references(getattr(self._index, "adapter_state", None))
 
     def _remember_references(self, ids: list[str]) -> None:
         """Keep deleted reference-node ids in the index's adapter state (saved with a ``NormIndex``, in the
@@ -543,12 +545,10 @@ class NormRankVectorStore(BasePydanticVectorStore):
         loaded from disk (or opened by another process) without them emptied every retrieval."""
         self._former_references.update(ids)
         if ids and hasattr(self._index, "update_adapter_state"):
-            state = self._index.adapter_state
+            state = self._index.adapter_state  # one read (a round trip on pgvector)
             mine = state.get(_ADAPTER_KEY)
             mine = dict(mine) if isinstance(mine, dict) else {}
-            saved = mine.get("deleted_reference_nodes")
-            known = {x for x in saved if isinstance(x, str)} if isinstance(saved, list) else set()
-            mine["deleted_reference_nodes"] = sorted(known | self._former_references)
+            mine["deleted_reference_nodes"] = sorted(_saved_references(state) | self._former_references)
             with contextlib.suppress(EmptyCorpusError):  # a pgvector table dropped meanwhile: kept in memory
                 self._index.update_adapter_state(_ADAPTER_KEY, mine)
 
