@@ -510,7 +510,9 @@ class NormRankVectorStore(VectorStore):
         """Maximal marginal relevance over the blended top-``fetch_k``.
 
         Relevance is the blended score (so ``lambda_mult=1`` gives exactly the similarity order);
-        redundancy is the cosine between documents, from their stored vectors.
+        redundancy is the cosine between documents, from their stored vectors. As in LangChain's own
+        stores, MMR picks among the ``fetch_k`` fetched, so a ``fetch_k`` below ``k`` gives ``fetch_k``
+        documents (it gave ``k``, some from outside the top ``fetch_k``).
         """
         k = check_k(k)
         fetch_k = check_k(fetch_k, "fetch_k")
@@ -523,7 +525,7 @@ class NormRankVectorStore(VectorStore):
         else:
             q, count = vec, query_token_count
         with self._rw.read():
-            hits = self._hits(q, max(k, fetch_k), flt, count)
+            hits = self._hits(q, fetch_k, flt, count)
             if len(hits) <= 1:
                 return hits[:k]
             raw = self.index.vectors([h.id for h in hits])

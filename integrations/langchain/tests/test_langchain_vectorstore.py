@@ -208,6 +208,21 @@ def test_mmr_diversifies_within_the_blended_candidates(store, blended_index, que
             store.max_marginal_relevance_search("x y", lambda_mult=bad)
 
 
+
+def test_mmr_picks_among_fetch_k_only(store, blended_index, queries):
+    """As in LangChain's own stores, MMR picks among the ``fetch_k`` fetched: ``fetch_k`` below ``k`` gives
+    ``fetch_k`` documents, all from the blended top ``fetch_k`` (it gave ``k``, some from further down)."""
+    q = queries[0]
+    top = [h.id for h in blended_index.search(q, 12)]
+    for fetch_k in (1, 2, 3):
+        got = _ids(store.max_marginal_relevance_search(q, k=6, fetch_k=fetch_k, lambda_mult=0.3))
+        assert len(got) == fetch_k and set(got) == set(top[:fetch_k]) and got[0] == top[0]
+        retriever = store.as_retriever(search_type="mmr", search_kwargs={"k": 6, "fetch_k": fetch_k})
+        assert set(_ids(retriever.invoke(q))) == set(top[:fetch_k])
+    vector = store.embeddings.embed_query(q)
+    assert set(_ids(store.max_marginal_relevance_search_by_vector(vector, k=6, fetch_k=2))) == set(top[:2])
+
+
 # ---------------------------------------------------------------- writing
 def test_add_documents_upserts_and_keeps_the_caller_documents(encoder):
     store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder))

@@ -287,6 +287,13 @@ def test_mmr_mode_picks_what_the_langchain_store_picks(encoder, embed, demo_text
                                    vector_store_kwargs={"mmr_prefetch_k": 5})
     assert [n.node.node_id for n in prefetch.retrieve(q)] == [
         d.id for d in lc.max_marginal_relevance_search(q, k=3, fetch_k=5, lambda_mult=0.5)]
+    # a prefetch below similarity_top_k gives that many nodes, all from the blended top prefetch (as
+    # LangChain's fetch_k and LlamaIndex's Qdrant store): it gave similarity_top_k, some from further down
+    short = vindex.as_retriever(similarity_top_k=6, vector_store_query_mode="mmr",
+                                vector_store_kwargs={"mmr_prefetch_k": 2, "mmr_threshold": 0.2})
+    got = [n.node.node_id for n in short.retrieve(q)]
+    assert len(got) == 2 and set(got) == set(plain[:2])
+    assert got == [d.id for d in lc.max_marginal_relevance_search(q, k=6, fetch_k=2, lambda_mult=0.2)]
     for bad, words in (({"mmr_threshold": 1.5}, "mmr_threshold must be a number in"),
                        ({"mmr_prefetch_k": 0}, "mmr_prefetch_k must be a positive integer"),
                        ({"mmr_prefetch_factor": 0.5}, "mmr_prefetch_factor must be a number from 1"),
@@ -823,6 +830,14 @@ def test_index_nodes_do_not_hide_the_text_nodes(encoder, embed):
     q = VectorStoreQuery(query_embedding=embed.get_query_embedding("walls"), query_str="walls", similarity_top_k=3,
                          node_ids=["t0", "t2"])
     assert sorted(store.query(q).ids) == ["t0", "t2"]
+    # an id the store does not hold (a deleted text node, a typo) beside the IndexNode: a restriction, as in
+    # SimpleVectorStore (it ranked every node)
+    for named in (["idx0", "gone"], ["gone", "idx0", "idx0"]):
+        assert store.query(VectorStoreQuery(query_embedding=q.query_embedding, similarity_top_k=3,
+                                            node_ids=named)).ids == ["idx0"]
+    store.delete_nodes(["t1"])
+    assert store.query(VectorStoreQuery(query_embedding=q.query_embedding, similarity_top_k=3,
+                                        node_ids=["idx0", "t1"])).ids == ["idx0"]
 
 
 @pytest.mark.parametrize("how", ["delete_nodes", "delete_ref_doc", "clear"])

@@ -599,7 +599,7 @@ class NormRankVectorStore(BasePydanticVectorStore):
             # read against the nodes held now: an add through this store cannot slip past a restriction
             node_ids = None if self._is_nodes_dict(query.node_ids) else query.node_ids
             predicate = _combine(query.filters, node_ids, query.doc_ids)
-            fetch = int(k) if mmr is None else max(int(k), mmr[1] or int(np.ceil(int(k) * mmr[2])))
+            fetch = int(k) if mmr is None else (mmr[1] or int(np.ceil(int(k) * mmr[2])))
             hits = search_up_to(self._index, vector, fetch, self._empty_hits, filter=predicate,
                                 query_token_count=count, count_text=text if has_text and count is None else None)
             if mmr is not None and len(hits) > 1:
@@ -619,7 +619,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         LlamaIndex never takes a deleted node out of the ``nodes_dict`` of a store that keeps the text, so
         once its reference nodes are deleted it names only ids the store no longer holds. Read as a
         restriction, that emptied every retrieval; ids that were all reference nodes deleted through this
-        store are read as the ``nodes_dict`` too. The index keeps them (``adapter_state``: saved with a
+        store are read as the ``nodes_dict`` too. An id the store does not hold and never held as a reference
+        node (a deleted text node, a typo) makes the list a restriction: ``node_ids=["ix", "gone"]`` ranked
+        every node, where ``SimpleVectorStore`` gave ``ix``. The index keeps them (``adapter_state``: saved with a
         ``NormIndex``, in the table's state row on pgvector), so a store loaded again or opened by another
         process knows them.
         """
@@ -627,9 +629,12 @@ class NormRankVectorStore(BasePydanticVectorStore):
             return False
         named = list(dict.fromkeys(_strings(node_ids, "node_ids")))
         held = [x for x in named if x in self._index]
-        if not held:
+        if len(held) < len(named):  # the nodes_dict names no id the store never held but deleted reference nodes
             former = self._former_reference_ids()
-            return bool(named) and all(x in former for x in named)
+            if not all(x in former for x in named if x not in held):
+                return False
+        if not held:
+            return bool(named)
         if len(held) == len(self._index):
             # every node the store holds is named (store_nodes_override=True lists them all): a restriction to
             # all of them restricts nothing, and as a filter over 20k nodes it cost 0.75 s a query
@@ -695,7 +700,8 @@ def _mmr_settings(query: VectorStoreQuery, kwargs: dict[str, Any]) -> tuple[floa
     ``mmr_prefetch_factor``) taken out of ``kwargs`` (``vector_store_kwargs`` of a retriever).
 
     MMR picks ``similarity_top_k`` nodes among the blended top ``mmr_prefetch_k`` (else ``similarity_top_k``
-    times ``mmr_prefetch_factor``, 4 by default, as LlamaIndex's Qdrant store does) for
+    times ``mmr_prefetch_factor``, 4 by default, as LlamaIndex's Qdrant store does; an ``mmr_prefetch_k``
+    below ``similarity_top_k`` gives that many nodes, as there) for
     ``threshold * blended score - (1 - threshold) * the largest cosine to a node already picked``;
     ``mmr_threshold`` defaults to 0.5 as in ``SimpleVectorStore``, and 1 keeps the blended order.
     """
