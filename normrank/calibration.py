@@ -138,8 +138,10 @@ class NormCalibrator:
             raise InvalidArgumentError(f"{norms.size} norms but {counts.size} token counts")
         if norms.size and (not np.all(np.isfinite(norms)) or np.any(norms <= 0)):
             raise InvalidArgumentError("norms must be finite and positive")
-        if counts.size and not np.all(counts >= 1):  # NaN compares False: refused, not turned into NaN features
-            raise InvalidArgumentError("token counts must be numbers >= 1")
+        if counts.size and not (np.all(counts >= 1) and np.all(np.isfinite(counts))):
+            # NaN compares False: refused, not turned into NaN features; an infinite count made a knot at
+            # infinity, which searched but saved a calibration no load accepts
+            raise InvalidArgumentError("token counts must be numbers >= 1, and finite")
         return np.log(norms), np.log(counts)
 
     # ----------------------------------------------------------- persistence

@@ -112,6 +112,8 @@ def query_calibration(index: Any, queries: Sequence[str] | None, norms: np.ndarr
             raise EmptyCorpusError("no queries to calibrate on")
         vecs, token_counts = index.encoder.encode_with_counts(list(queries))
         norms = np.linalg.norm(as_matrix(vecs, index._dim).astype(np.float64), axis=1)
+    else:  # read as the stores read a query's count: whole numbers from 1 to MAX_TOKEN_COUNT
+        token_counts = _as_counts(token_counts)
     return fit_query_calibration(norms, token_counts)
 
 

@@ -30,6 +30,7 @@ from normrank import (
     InvalidMetadataError,
     InvalidVectorError,
     ModelLoadError,
+    NormCalibrator,
     NormIndex,
     NormRankError,
     RawEncoder,
@@ -331,6 +332,23 @@ def test_k_larger_than_the_index(store):
 def test_bad_token_counts(store, encoder, counts, message, two):
     vecs = two[0].copy()
     refused(store, lambda: store.add_vectors(vecs, counts, ids=["v0", "v1"]), InvalidArgumentError, message)
+
+
+
+@pytest.mark.parametrize("count", [np.inf, 2.5, 0, np.nan, 2**31])
+def test_bad_query_calibration_counts(store, query_sample, count, tmp_path):
+    """``calibrate_queries(norms=..., token_counts=...)`` reads counts as the stores do. An infinite count was
+    accepted: it made a knot at infinity, searches went on, and the next save wrote a folder no load read."""
+    norms = query_sample[0]
+    counts = [count] + [int(c) for c in query_sample[1][1:]]
+    before = store.query_calibrator.to_dict()
+    refused(store, lambda: store.calibrate_queries(norms=norms, token_counts=counts), InvalidArgumentError,
+            "token counts must be whole numbers >= 1")
+    assert store.query_calibrator.to_dict() == before
+    store.save(tmp_path / "ix")
+    assert NormIndex.load(tmp_path / "ix").query_calibrator.to_dict() == before
+    with pytest.raises(InvalidArgumentError, match="finite"):  # the calibrator itself, fitted directly
+        NormCalibrator().fit(np.array([3.0, 4.0]), np.array([np.inf, 5.0]))
 
 
 def test_bad_metadata(store, encoder, two):

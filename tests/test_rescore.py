@@ -91,7 +91,7 @@ def test_norms_equal_up_to_rounding_give_no_feature():
     assert 0.05 < spread.raw_scale < 0.2  # a real spread is standardised as before
 
 
-@pytest.mark.parametrize("bad", [float("nan"), 0.5, 0])
+@pytest.mark.parametrize("bad", [float("nan"), 0.5, 0, float("inf")])
 def test_calibrator_refuses_token_counts_that_are_not_numbers_from_one(bad):
     cal = NormCalibrator().fit(np.exp(np.random.default_rng(0).normal(1.5, 0.1, 50)), np.arange(1, 51))
     with pytest.raises(InvalidArgumentError, match="token counts must be numbers >= 1"):
