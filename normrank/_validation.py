@@ -200,7 +200,9 @@ def _numpy_scalar(value: Any) -> Any:
     """NumPy's bool, integer and float scalars (what pandas rows and array elements are) as the Python
     values they hold; they were refused ("metadata 0['v'] is a bool" for ``np.True_``)."""
     if isinstance(value, (np.bool_, np.integer, np.floating)):
-        return value.item()
+        held = value.item()
+        # np.longdouble's item() is itself: handed back to json it recursed without end (RecursionError)
+        return float(held) if isinstance(held, np.floating) else held
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 

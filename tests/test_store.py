@@ -254,6 +254,13 @@ def test_numpy_scalars_in_metadata_are_stored_as_the_python_values_they_hold(tmp
     with pytest.raises(InvalidMetadataError, match="must be finite"):
         index.add_vectors(vecs[:1], counts[:1], ids=["bad"], metadatas=[{"w": np.float32("nan")}])
     assert "bad" not in index
+    # np.longdouble (whose item() is itself) raised a bare RecursionError; it is the float it holds
+    index.add_vectors(vecs[:1] * 2, counts[:1], ids=["ld"], metadatas=[{"w": np.longdouble(1.5)}])
+    assert index.get(["ld"])[0].metadata == {"w": 1.5} and type(index.get(["ld"])[0].metadata["w"]) is float
+    for bad in (np.longdouble("1e4000"), np.longdouble("nan")):  # beyond a float64, or NaN: named
+        with pytest.raises(InvalidMetadataError, match="must be finite"):
+            index.add_vectors(vecs[:1] * 3, counts[:1], ids=["bad"], metadatas=[{"w": bad}])
+    assert "bad" not in index
 
 
 def test_an_approximate_index_warns_of_a_weight_it_cannot_follow(caplog):
