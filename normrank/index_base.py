@@ -33,7 +33,7 @@ from normrank._validation import (
 from normrank._validation import as_token_counts as _as_counts
 from normrank._validation import query_token_count as _given_count
 from normrank.calibration import NormCalibrator
-from normrank.encoders import RawEncoder, check_texts
+from normrank.encoders import MissingModelEncoder, RawEncoder, check_texts
 from normrank.errors import (
     ConcurrentUpdateError,
     DimensionMismatchError,
@@ -124,6 +124,20 @@ def fit_query_calibration(norms: np.ndarray, token_counts: np.ndarray) -> NormCa
         logger.warning("the query calibration is fitted on %d queries: its features are noise below %d; calibrate on "
                        "more representative queries", cal.n_fitted, FEW_QUERIES)
     return cal
+
+
+def check_index_parts(encoder: Any, calibrator: Any, query_calibrator: Any) -> None:
+    """Refuse, when an index is made, an encoder or calibration of the wrong kind.
+
+    Why: anything was taken and failed later with a bare ``AttributeError`` in a search or a save (the
+    ``dim`` beside them had the same gap: ``np.int64(8)`` indexed and searched, then every save raised
+    ``TypeError``)."""
+    if encoder is not None and not isinstance(encoder, (RawEncoder, MissingModelEncoder)):
+        raise InvalidArgumentError(f"encoder must be a normrank RawEncoder (or PooledEncoder), got "
+                                   f"{type(encoder).__name__}")
+    for name, cal in (("calibrator", calibrator), ("query_calibrator", query_calibrator)):
+        if cal is not None and not isinstance(cal, NormCalibrator):
+            raise InvalidArgumentError(f"{name} must be a normrank.NormCalibrator, got {type(cal).__name__}")
 
 
 def check_fit_basis(started: tuple[Weights, dict[str, Any]] | None, now: tuple[Weights, dict[str, Any]]) -> None:

@@ -54,7 +54,7 @@ from normrank.errors import (
     InvalidTextError,
     UnknownIdError,
 )
-from normrank.index_base import BlendIndexBase, Record, _check_ids
+from normrank.index_base import BlendIndexBase, Record, _check_ids, check_index_parts
 from normrank.pg_connection import (
     DSN_ENV,
     connection_lost,
@@ -145,6 +145,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
             check_index_type(index_type)
         if weights is not None and not isinstance(weights, Weights):
             raise InvalidArgumentError(f"weights must be a normrank.Weights, got {type(weights).__name__}")
+        check_index_parts(encoder, calibrator, query_calibrator)
         if dim is not None:
             dim = check_option("dim", dim, high=MAX_DIM)
         self.hnsw_m, self.ef_construction = hnsw_m, ef_construction

@@ -75,6 +75,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
     _check_k,
     _match,
     _plain_batch,
+    check_index_parts,
     needs_recalibration,
     query_calibration,
 )
@@ -205,6 +206,9 @@ class NormIndex(BlendIndexBase):
             raise InvalidArgumentError(f"unknown index_type {index_type!r}; choose one of {list(INDEX_TYPES)}")
         if weights is not None and not isinstance(weights, Weights):
             raise InvalidArgumentError(f"weights must be a normrank.Weights, got {type(weights).__name__}")
+        check_index_parts(encoder, calibrator, query_calibrator)
+        if dim is not None:  # a plain int, so that it saves (np.int64 indexed, then no save could write it)
+            dim = check_option("dim", dim)
         # each numeric option is range-checked as it is set (see _Option)
         self.pad_to = PAD_TO_BY_INDEX_TYPE[index_type] if pad_to is None else pad_to
         self.hnsw_m, self.ef_construction, self.ef_search = hnsw_m, ef_construction, ef_search

@@ -564,6 +564,26 @@ def test_numeric_option_out_of_range(store, option, value):
     refused(store, lambda: setattr(store, option, value), InvalidArgumentError, rf"{option} must be .*in \[")
 
 
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dim": 0}, r"dim must be .*in \["), ({"dim": -1}, r"dim must be .*in \["), ({"dim": 8.0}, "dim must be"),
+    ({"dim": "8"}, "dim must be"), ({"encoder": "all-MiniLM-L6-v2"}, "encoder must be a normrank RawEncoder"),
+    ({"calibrator": {"knots_x": []}}, "calibrator must be a normrank.NormCalibrator"),
+    ({"query_calibrator": 1.0}, "query_calibrator must be a normrank.NormCalibrator"),
+])
+def test_index_parts_of_the_wrong_kind_are_refused_when_made(kwargs, message, tmp_path):
+    """``dim``, the encoder and the calibrations were taken as given: ``dim=np.int64(8)`` indexed and searched,
+    then every save raised a bare ``TypeError``; ``dim=8.0``, an encoder name or a dict failed later with a
+    bare error. A NumPy integer is read as the int it holds."""
+    with pytest.raises(InvalidArgumentError, match=message):
+        NormIndex(**kwargs)
+    index = NormIndex(dim=np.int64(8))
+    vecs = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32) * np.arange(1, 21, dtype=np.float32)[:, None]
+    index.add_vectors(vecs, list(range(5, 25)), ids=[f"d{i}" for i in range(20)])
+    index.save(tmp_path / "ix")
+    assert NormIndex.load(tmp_path / "ix").dim == 8 and type(index.dim) is int
+
+
 def test_k_as_a_numpy_integer_and_fit_folds_as_a_word(store):
     assert store.search(QUERY, np.int64(3)) == store.search(QUERY, 3)
     queries, qrels = {"q1": QUERY, "q2": "ocean tides"}, {"q1": {"doc1": 1}, "q2": {"doc2": 1}}
