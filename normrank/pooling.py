@@ -90,8 +90,9 @@ class PooledEncoder(RawEncoder):
                  sif_a: float = 1e-3, **kwargs: Any) -> None:
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
-        if not sif_a > 0:
-            raise InvalidArgumentError(f"sif_a must be positive, got {sif_a}")
+        if isinstance(sif_a, bool) or not isinstance(sif_a, (int, float, np.integer, np.floating)) \
+                or not (np.isfinite(sif_a) and sif_a > 0):  # infinity made every weight NaN
+            raise InvalidArgumentError(f"sif_a must be a positive finite number, got {sif_a!r}")
         super().__init__(model, **kwargs)
         self.pooling = pooling
         self.sif_a = float(sif_a)

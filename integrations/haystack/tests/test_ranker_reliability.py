@@ -103,6 +103,32 @@ def test_every_encoder_setting_round_trips_through_pipeline_dumps(encoder, ids, 
     assert [s for _, s in mean] != pytest.approx([s for _, s in want], abs=1e-4)  # pooling matters
 
 
+
+def test_settings_are_checked_and_kept_as_plain_values():
+    """NumPy numbers were taken as given and then failed ``Pipeline.dumps`` (``SerializationError``); ``None``,
+    a number for the model and a negative or NaN ``sif_a`` failed only in ``run()``. NumPy numbers are read
+    as the Python values they hold; the rest is refused when the ranker is made."""
+    ranker = NormRankRanker(batch_size=np.int64(32), cache_size=np.int64(100), max_seq_length=np.int64(128),
+                            sif_a=np.float32(0.5), keep_retrieval_score=np.bool_(False), pooling="sif")
+    pipe = Pipeline()
+    pipe.add_component("rerank", ranker)
+    params = Pipeline.loads(pipe.dumps()).get_component("rerank").to_dict()["init_parameters"]
+    assert (params["batch_size"], params["cache_size"], params["max_seq_length"], params["sif_a"],
+            params["keep_retrieval_score"]) == (32, 100, 128, 0.5, False)
+    assert type(params["batch_size"]) is int and type(params["keep_retrieval_score"]) is bool
+    for bad, words in (({"batch_size": None}, "batch_size must be an integer"),
+                       ({"device": None}, "device must be a string"),
+                       ({"model": 1}, "model must be a model folder"),
+                       ({"sif_a": -1.0, "pooling": "sif"}, "sif_a must be a positive finite number"),
+                       ({"sif_a": float("nan"), "pooling": "sif"}, "sif_a must be a positive finite number"),
+                       ({"keep_retrieval_score": "yes"}, "keep_retrieval_score must be True or False"),
+                       ({"cache_size": -1}, "cache_size must be")):
+        with pytest.raises(InvalidArgumentError, match=words):
+            NormRankRanker(**bad)
+    with pytest.raises(InvalidArgumentError, match="sif_a must be a positive finite number"):
+        PooledEncoder(pooling="sif", sif_a=float("inf"))
+
+
 def test_yaml_encoder_settings_reach_to_dict():
     ranker = NormRankRanker.from_config({"encoder": {"pooling": "norm2", "batch_size": 8, "max_seq_length": 64},
                                          "haystack": {"calibration": "candidates"}})

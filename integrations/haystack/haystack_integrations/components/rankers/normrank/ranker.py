@@ -64,6 +64,13 @@ def _check_top_k(top_k: Any) -> int:
     return check_option("top_k", top_k)
 
 
+def _plain_bool(name: str, value: Any) -> bool:
+    """``True``/``False`` (NumPy's too, as Python's): what ``Pipeline.dumps`` can write."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def _calibrator(value: NormCalibrator | Mapping[str, Any] | None) -> NormCalibrator | None:
     return NormCalibrator.from_dict(dict(value)) if isinstance(value, Mapping) else value
 
@@ -147,7 +154,6 @@ class NormRankRanker:
         self.weights = weights_from(weights)
         self.calibrator = _calibrator(calibrator)
         self.query_calibrator = _calibrator(query_calibrator)
-        self.keep_retrieval_score = keep_retrieval_score
         if encoder is not None:
             check_raw_encoder(encoder)
             settings = encoder_settings(encoder)
@@ -156,15 +162,30 @@ class NormRankRanker:
             backend = settings.get("backend", "torch")
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
+        # each setting as the plain value it holds, checked here: a NumPy number was taken and then failed
+        # Pipeline.dumps, and None, a number for the model or a negative sif_a failed only in run()
+        keep_retrieval_score = _plain_bool("keep_retrieval_score", keep_retrieval_score)
+        batch_size = check_option("batch_size", batch_size)
+        max_seq_length = None if max_seq_length is None else check_option("max_seq_length", max_seq_length)
+        cache_size = check_option("cache_size", cache_size)
+        for name, value in (("device", device), ("backend", backend)):
+            if not isinstance(value, str):
+                raise InvalidArgumentError(f"{name} must be a string, got {value!r}")
+        if model is not None and not isinstance(model, (str, os.PathLike)):
+            raise InvalidArgumentError(f"model must be a model folder (a string or a path) or None, got {model!r}")
+        if isinstance(sif_a, (bool, np.bool_)) or not isinstance(sif_a, (int, float, np.integer, np.floating)) \
+                or not (np.isfinite(sif_a) and sif_a > 0):
+            raise InvalidArgumentError(f"sif_a must be a positive finite number, got {sif_a!r}")
         check_encoder_options({"batch_size": batch_size, "max_seq_length": max_seq_length, "backend": backend,
                                "device": device})
-        self.backend = backend
-        self.model = model
+        self.keep_retrieval_score = keep_retrieval_score
+        self.backend = str(backend)
+        self.model = None if model is None else os.fspath(model)
         self.batch_size = batch_size
-        self.device = device
+        self.device = str(device)
         self.max_seq_length = max_seq_length
         self.pooling = pooling
-        self.sif_a = sif_a
+        self.sif_a = float(sif_a)
         self.cache_size = cache_size
         self._encoder = encoder
         self._cache = CandidateVectorCache(cache_size)
