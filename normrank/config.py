@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import (
     BaseModel,
@@ -210,7 +211,7 @@ class LangChainConfig(_Section):
         from normrank.filters import check_filter
 
         check_filter(value)  # InvalidArgumentError is a ValueError: pydantic names it
-        return value
+        return _plain_data(value)
 
 
 class LlamaIndexConfig(_Section):
@@ -244,8 +245,16 @@ class NormRankConfig(_Section):
         return self.model_dump(mode="json")
 
     def dumps(self) -> str:
-        """The configuration as YAML text that :func:`load_config` reads back to an equal config."""
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+        """The configuration as YAML text that :func:`load_config` reads back to an equal config.
+
+        Written for normrank's own reader: text it would read as a number (``"1e3"``) is quoted, a ``${``
+        is written ``$${`` (else the reload expanded it as a variable), and a line break YAML folds into a
+        space (U+0085, U+2028) is escaped."""
+        data = _escape_variables(self.to_dict())
+        text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
+        if yaml.load(text, Loader=_StrictLoader) != data:  # noqa: S506 - a SafeLoader: raw NEL/LS folded
+            text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=False)
+        return text
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -392,6 +401,38 @@ def _expand(value: Any, where: str, loc: str = "", expanded: set[str] | None = N
 _StrictLoader.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 _StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
                                     list("-+0123456789"))
+
+
+class _Dumper(yaml.SafeDumper):
+    """``yaml.SafeDumper`` that knows :class:`_StrictLoader`'s floats, so it quotes the text ``"1e3"``
+    (written plain, the reload read it as 1000.0)."""
+
+
+_Dumper.yaml_implicit_resolvers = {k: list(v) for k, v in yaml.SafeDumper.yaml_implicit_resolvers.items()}
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def _escape_variables(value: Any) -> Any:
+    """Every ``${`` in a string value written ``$${``: what :func:`_expand` reads back as ``${``."""
+    if isinstance(value, dict):
+        return {k: _escape_variables(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_escape_variables(v) for v in value]
+    return value.replace("${", "$${") if isinstance(value, str) else value
+
+
+def _plain_data(value: Any) -> Any:
+    """NumPy numbers as the Python values they hold and tuples as lists, as JSON (and ``to_dict``) writes
+    them: a dict config's ``np.int64`` was taken, then ``to_dict`` and ``dumps`` could not write it."""
+    if isinstance(value, dict):
+        return {k: _plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain_data(v) for v in value]
+    if isinstance(value, np.generic):
+        held = value.item()
+        return float(held) if isinstance(held, np.floating) else held  # np.longdouble's item() is itself
+    return value
 
 
 def _read_yaml(path: Path) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from normrank import ConfigError, load_config
@@ -106,6 +107,25 @@ def test_every_encoder_setting_round_trips(tmp_path):
     path.write_text(config.dumps(), encoding="utf-8")
     assert load_config(path) == config
     assert load_config(path).encoder.pooling == "sif"
+
+
+
+@pytest.mark.parametrize("given", [
+    {"langchain": {"filter": {"version": "1e3", "n": "-2E5"}}},  # read back as the floats 1000.0 and -200000.0
+    {"store": {"dsn": "postgresql://u:p${HOME}@h/db"}},  # a dict's literal ${: the reload expanded it
+    {"langchain": {"filter": {"tag": "x$${y", "t": "a\x85b\u2028c d\u00e9"}}},  # NEL and LS folded into spaces
+    {"langchain": {"filter": {"year": np.int64(2024), "w": [np.float32(0.5), (1, 2)]}}},  # to_dict failed
+])
+def test_dumps_reads_back_to_an_equal_config(given, tmp_path):
+    """``dumps()`` promises YAML that ``load_config`` reads back to an equal config; text that normrank's reader
+    takes for a number, a literal ``${``, line breaks YAML folds and NumPy numbers broke it."""
+    config = load_config(given)
+    assert load_config(config.to_dict()) == config
+    path = tmp_path / "dumped.yaml"
+    path.write_text(config.dumps(), encoding="utf-8")
+    assert load_config(path) == config
+    path.write_text(load_config(path).dumps(), encoding="utf-8")  # and again
+    assert load_config(path) == config
 
 
 def test_encoder_config_from_a_built_encoder_rebuilds_it(encoder):
