@@ -42,7 +42,7 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from normrank._validation import check_adapter_entry, check_option, check_text
+from normrank._validation import check_adapter_entry, check_metadata, check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
@@ -446,8 +446,12 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
 
     def update_adapter_state(self, key: str, value: Any) -> None:
         """Store ``value`` (JSON) under ``key`` in the table's state row, which every handle reads: what a
-        framework adapter keeps with the table (see ``NormIndex.adapter_state``)."""
+        framework adapter keeps with the table (see ``NormIndex.adapter_state``).
+
+        Refused here as in metadata: what jsonb cannot hold (NUL, a lone surrogate: PostgreSQL's own error)
+        or gives back changed (a float of 2**53 or more came back as an int, -0.0 as 0.0)."""
         checked = check_adapter_entry(key, value)
+        check_metadata({key: checked}, "adapter_state", allow_nul=False, jsonb=True)
 
         def body(cur: Any) -> None:
             if not self._exists:

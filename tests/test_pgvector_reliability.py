@@ -129,6 +129,21 @@ def test_bad_text_nul_nan_and_deep_metadata_refused_table_unchanged(pg_dsn, tabl
     pg.close()
 
 
+def test_adapter_state_values_jsonb_would_change_are_refused(pg_dsn, table):
+    """``update_adapter_state`` took what jsonb gives back changed (1e300 as a 301-digit int, -0.0 as 0.0, 2.0**60
+    as an int) or cannot hold (NUL, a lone surrogate: PostgreSQL's error in a BackendError); they are refused
+    by name, as in metadata, and the state is unchanged. What it keeps comes back equal in another handle."""
+    vecs, counts = synthetic(10, 16, seed=5)
+    index = PgVectorNormIndex(pg_dsn, table)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(10)])
+    index.update_adapter_state("mine", {"ids": ["a", "é"], "n": 2.5})
+    for value in (1e300, -0.0, 2.0**60, "a\x00b", "\udcff", {"k": [1, -0.0]}):
+        with pytest.raises(InvalidArgumentError, match="adapter_state"):
+            index.update_adapter_state("bad", value)
+    other = PgVectorNormIndex(pg_dsn, table)
+    assert other.adapter_state == {"mine": {"ids": ["a", "é"], "n": 2.5}} == index.adapter_state
+
+
 # ---------------------------------------------------------------- item 5: one snapshot per search
 @pytest.mark.parametrize("index_type", ["flat", "hnsw"])
 def test_search_during_blend_changes_gives_before_or_after(pg_dsn, table, index_type):
