@@ -470,10 +470,19 @@ def _resolve_paths(config: NormRankConfig, base: Path) -> None:
     model = config.encoder.model
     if model:
         p = Path(model).expanduser()
-        if not p.is_absolute() and (model.startswith((".", "~")) or (base / p).exists()):
+        if not p.is_absolute() and (model.startswith((".", "~")) or _exists(base / p)):
             config.encoder.model = str(base / p)
         elif model.startswith("~"):
             config.encoder.model = str(p)
+
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, false for a name the system refuses (too long: a bare ``OSError`` from
+    ``load_config``); the encoder then names the model folder it cannot find."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _format(exc: ValidationError, source: str, skip: set[str] = frozenset()) -> str:  # type: ignore[assignment]

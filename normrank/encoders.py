@@ -190,6 +190,12 @@ def safe_prefix(text: str, tokenizer: Any, max_tokens: int) -> str:
     return text
 
 
+def _excerpt(name: str, limit: int = 200) -> str:
+    """``repr(name)``, cut in the middle when longer than ``limit``: an error message stays readable."""
+    text = repr(name)
+    return text if len(text) <= limit else f"{text[: limit - 60]}...{text[-50:]} ({len(name):,} characters)"
+
+
 class RawEncoder:
     """Encode texts into raw float32 vectors plus their token counts.
 
@@ -295,8 +301,11 @@ class RawEncoder:
             with _quiet_weight_loading():
                 stock = SentenceTransformer(self.model_name, device=self.device, local_files_only=True)
         except Exception as exc:
+            shown, detail = _excerpt(self.model_name), str(exc)
+            if len(detail) > 400:  # the library's message repeats the name: a path of 2,000 characters, twice
+                detail = detail[:300] + " ... " + detail[-80:]
             raise ModelLoadError(
-                f"could not load embedding model {self.model_name!r}: {exc}. Give a local "
+                f"could not load embedding model {shown}: {detail}. Give a local "
                 "sentence-transformers folder, or leave the model unset for the bundled all-MiniLM-L6-v2."
             ) from exc
         model = _strip_normalize(stock)

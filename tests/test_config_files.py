@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from normrank import ConfigError, load_config
+from normrank import ConfigError, ModelLoadError, load_config
 from normrank.config import MAX_ECHO, EncoderConfig, NormRankConfig, build_encoder
 
 BOMB = """a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
@@ -135,3 +135,15 @@ def test_encoder_config_from_a_built_encoder_rebuilds_it(encoder):
     assert back.pooling == "norm2" and back.batch_size == 16 and back.max_seq_length == 200
     assert back.model is None  # the bundled model stays "null", portable across machines
     assert EncoderConfig.from_encoder(encoder).pooling == "mean"
+
+
+def test_a_model_path_too_long_for_the_system_is_named_by_the_encoder(tmp_path):
+    """A 2,000-character ``encoder.model`` made ``load_config`` raise a bare ``OSError`` (ENAMETOOLONG); the
+    config loads, and the encoder names the model it cannot load, in a message of readable length."""
+    path = tmp_path / "normrank.yaml"
+    path.write_text("encoder:\n  model: " + "m" * 2000 + "\n", encoding="utf-8")
+    config = load_config(path)
+    assert config.encoder.model == "m" * 2000
+    with pytest.raises(ModelLoadError, match="could not load embedding model") as info:
+        build_encoder(config).dim
+    assert len(str(info.value)) < 1000 and "(2,000 characters)" in str(info.value)
