@@ -8,6 +8,7 @@ from the FAISS store so the pgvector backend does not import FAISS code it never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -172,10 +173,20 @@ def upsert_vectors(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: 
     """Add a batch, replacing the documents whose ids the index holds (the frameworks' upsert); if the
     add fails, the replaced documents are put back, so a refused batch loses nothing. The caller holds
     its store's write lock; the ids are distinct (the index names a repeat). An index with its own
-    ``upsert_vectors`` (pgvector: one transaction, which other processes see whole) does it itself."""
+    ``upsert_vectors`` (pgvector: one transaction, which other processes see whole) does it itself.
+
+    The delete and the add run under the index's own lock (a ``NormIndex``'s is re-entrant): the store's
+    lock kept its own readers out, but another store, retriever or thread searching the same index saw the
+    replaced documents missing between the two (3 of 263 top-10s), or a ``k`` above what it held."""
     native = getattr(index, "upsert_vectors", None)
     if native is not None:
         return native(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
+    with getattr(index, "_lock", None) or contextlib.nullcontext():
+        return _delete_then_add(index, vectors, counts, ids, texts, metadatas)
+
+
+def _delete_then_add(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: list[str],
+                     texts: Sequence[str | None], metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
     existing = [x for x in ids if x in index]
     old_records, old_vectors = [], None
     if existing:

@@ -10,6 +10,7 @@ import asyncio
 import re
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -245,6 +246,43 @@ def test_add_documents_upserts_and_keeps_the_caller_documents(encoder):
     with pytest.raises(InvalidArgumentError, match="existing index"):
         NormRankVectorStore(index=store.index, weights=Weights(a=0.1))
     assert store.add_texts([]) == []
+
+
+
+def test_a_replacement_is_never_seen_half_done_by_other_readers_of_the_index(encoder, demo_texts, demo_encoded):
+    """Re-adding existing ids is a delete then an add. The store's own lock kept its readers out, but another
+    store, retriever or thread on the same ``NormIndex`` saw the replaced documents missing in between (3 of
+    263 top-10s) or got "k of 50 is larger than the number of documents (45)". Here a reader searches the
+    index at the very moment the old documents are deleted: it must wait and see the whole corpus."""
+    seen: list[Any] = []
+    readers: list[threading.Thread] = []
+
+    def read() -> None:
+        try:
+            seen.append([h.id for h in index.search(q, len(ids_all))])
+        except Exception as exc:  # noqa: BLE001 - what the reader got is the point
+            seen.append(exc)
+
+    class Watched(NormIndex):
+        def delete(self, ids):
+            super().delete(ids)
+            if not readers:
+                readers.append(threading.Thread(target=read))
+                readers[0].start()
+                readers[0].join(0.5)  # blocked until the add is done, or (before the fix) an answer with a gap
+
+    vecs, counts = demo_encoded
+    ids_all = [f"d{i}" for i in range(12)]
+    index = Watched(encoder, weights=WEIGHTS)
+    index.add_vectors(vecs[:12], counts[:12], ids=ids_all, texts=demo_texts[:12])
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=index)
+    other = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=index)
+    q = vecs[20]
+    store.add_texts(demo_texts[:5], ids=ids_all[:5])  # the same documents again: the corpus never changes
+    readers[0].join(10)
+    assert len(seen) == 1 and not isinstance(seen[0], Exception), seen
+    assert sorted(seen[0]) == sorted(ids_all)
+    assert len(other.similarity_search("blood sugar", k=12)) == 12
 
 
 def test_metadata_using_the_explanation_key_is_refused_and_nothing_changes(store):
