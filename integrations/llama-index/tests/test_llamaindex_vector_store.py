@@ -1043,11 +1043,43 @@ def test_the_documented_splitter_leaves_no_node_cut(encoder, embed):
     texts = [" ".join(r["title"] + ". " + r["text"] for r in rows[i:i + 4]) for i in range(0, 12, 4)]
     store = NormRankVectorStore(encoder=encoder)
     before = encoder.truncated_texts
-    splitter = SentenceSplitter(chunk_size=250, chunk_overlap=25, tokenizer=embed.encoder.model.tokenizer.tokenize)
+    splitter = SentenceSplitter(chunk_size=250, chunk_overlap=25, tokenizer=embed.encoder.tokenize)
     VectorStoreIndex.from_documents([Document(text=t, metadata={"source": "scifact"}) for t in texts],
                                     embed_model=embed, transformations=[splitter],
                                     storage_context=StorageContext.from_defaults(vector_store=store))
     assert len(store.client) > 3 * 4 and encoder.truncated_texts == before
+    assert all(encoder.tokenize(t) == encoder.model.tokenizer.tokenize(t) for t in texts)  # the model's tokens
+
+    # Splitting in threads beside encoding: the recipe shared the encoder's own tokenizer, whose every call
+    # resets its truncation, and an encode in another thread got bare torch size errors or a 300-480-token
+    # text embedded uncut. encoder.tokenize counts on a private copy.
+    long_texts = [" ".join(r["title"] + ". " + r["text"] for r in rows[i:i + 2]) for i in range(0, 12, 2)]
+    want = {t: embed.get_query_embedding(t) for t in long_texts}
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def split() -> None:
+        while not stop.is_set():
+            splitter.get_nodes_from_documents([Document(text=t) for t in texts])
+
+    def encode() -> None:
+        try:
+            for _ in range(6):
+                for t in long_texts:
+                    if embed.get_query_embedding(t) != want[t]:
+                        errors.append(AssertionError(f"another vector for a text of {len(t)} characters"))
+        except Exception as exc:  # noqa: BLE001 - any error is the failure
+            errors.append(exc)
+
+    splitters = [threading.Thread(target=split) for _ in range(2)]
+    encoder_thread = threading.Thread(target=encode)
+    for t in (*splitters, encoder_thread):
+        t.start()
+    encoder_thread.join()
+    stop.set()
+    for t in splitters:
+        t.join()
+    assert not errors, errors[:3]
 
 
 def test_deleted_index_nodes_are_known_to_another_pgvector_handle(encoder, embed, pg_dsn, pg_table_factory):
