@@ -252,7 +252,7 @@ class NormRankConfig(_Section):
         space (U+0085, U+2028) is escaped."""
         data = _escape_variables(self.to_dict())
         text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
-        if yaml.load(text, Loader=_StrictLoader) != data:  # noqa: S506 - a SafeLoader: raw NEL/LS folded
+        if _parse(text) != data:  # a line break written raw (NEL, LS) came back as a space
             text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=False)
         return text
 
@@ -435,6 +435,15 @@ def _plain_data(value: Any) -> Any:
     return value
 
 
+def _parse(text: str) -> Any:
+    """YAML text read by :class:`_StrictLoader` (a SafeLoader subclass, driven directly as yaml.load would)."""
+    loader = _StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         size = path.stat().st_size
@@ -449,11 +458,7 @@ def _read_yaml(path: Path) -> Any:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"configuration file {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
-        loader = _StrictLoader(text)  # a SafeLoader subclass, driven directly as yaml.load would
-        try:
-            return loader.get_single_data()
-        finally:
-            loader.dispose()
+        return _parse(text)
     except ConfigError as exc:
         raise ConfigError(f"configuration file {path}: {exc}") from None
     except yaml.YAMLError as exc:
