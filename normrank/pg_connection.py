@@ -8,6 +8,7 @@ any other error so :class:`normrank.pgvector_store.PgVectorNormIndex` can reconn
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from typing import Any
@@ -103,6 +104,24 @@ def connection_lost(exc: BaseException, conn: Any) -> bool:
     if not isinstance(exc, psycopg.OperationalError):
         return False
     return bool(conn is None or conn.closed or getattr(conn, "broken", False))
+
+
+def let_go_in_child(conn: Any) -> None:
+    """Drop, in a process forked from the one that opened it, a connection without touching its session.
+
+    Why: a handle made before ``fork`` (a pre-fork server building its index in the parent) shared one
+    connection between the workers: one got the other's rows as its results, others bare errors or a hang.
+    Closing it here would send the server libpq's terminate message on the socket the parent still uses,
+    so the child's copy of the socket is pointed at ``/dev/null`` first; the close then writes there.
+    """
+    with contextlib.suppress(Exception):
+        fd = conn.fileno()
+        devnull = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(devnull, fd)  # the number stays taken, so nothing opened later is mistaken for it
+        finally:
+            os.close(devnull)
+        conn.close()
 
 
 def open_connection(dsn: str, timeout: int) -> tuple[Any, tuple[int, ...]]:

@@ -36,7 +36,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
@@ -59,6 +61,7 @@ from normrank.pg_connection import (
     DSN_ENV,
     connection_lost,
     error_text,
+    let_go_in_child,
     open_connection,
     psycopg_module,
     redact,
@@ -88,6 +91,22 @@ T = TypeVar("T")
 _STATE_ATTRS = ("_dim", "_weights", "index_type", "_hnsw_m", "_ef_construction", "_ef_search", "calibrator",
                 "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists", "_table_oid",
                 "_adapter_state")
+
+
+#: Every open handle of this process, so that a forked child lets go of the connections it inherited at once
+#: (not only at its first call): a child that never searched and exited through Python's finalizers closed
+#: them, which sent the server libpq's terminate message on the parent's sockets.
+_HANDLES: weakref.WeakSet[PgVectorNormIndex] = weakref.WeakSet()
+
+
+def _let_go_after_fork() -> None:
+    for handle in list(_HANDLES):
+        conn, handle._conn = handle._conn, None
+        if conn is not None:
+            let_go_in_child(conn)
+
+
+os.register_at_fork(after_in_child=_let_go_after_fork)
 
 
 class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
@@ -175,6 +194,8 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self._closed = False
         self._lock = threading.RLock()
         self._conn: Any = None
+        self._pid = os.getpid()  # the process that opened self._conn
+        _HANDLES.add(self)
         self.pgvector_version: tuple[int, ...] = ()
         self._reconnect()
         try:
@@ -221,15 +242,24 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         """(Re)open the connection; ``BackendError`` (password masked) if the server cannot be reached."""
         old, self._conn = self._conn, None
         if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
+            self._drop(old)
         self._conn, self.pgvector_version = open_connection(self.dsn, self._connect_timeout)
+        self._pid = os.getpid()
+
+    def _drop(self, conn: Any) -> None:
+        """Close a connection of this process; let go of one inherited through ``fork`` (see
+        :func:`~normrank.pg_connection.let_go_in_child`) without touching the parent's session."""
+        if self._pid != os.getpid():
+            let_go_in_child(conn)
+        else:
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
         """Close the database connection (the data stays in the database); later calls raise ``BackendError``."""
         self._closed = True
         if self._conn is not None:
-            self._conn.close()
+            self._drop(self._conn)
 
     def __enter__(self) -> Self:
         return self
@@ -255,7 +285,8 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                 before = self._snapshot()
                 committing = False
                 try:
-                    if self._conn is None or self._conn.closed:
+                    # a handle made before fork: each process gets its own connection (they shared one)
+                    if self._conn is None or self._conn.closed or self._pid != os.getpid():
                         self._reconnect()
                     conn = self._conn
                     if conn.isolation_level != level:

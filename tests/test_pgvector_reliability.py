@@ -12,6 +12,7 @@ import os
 import threading
 import traceback
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -142,6 +143,42 @@ def test_adapter_state_values_jsonb_would_change_are_refused(pg_dsn, table):
             index.update_adapter_state("bad", value)
     other = PgVectorNormIndex(pg_dsn, table)
     assert other.adapter_state == {"mine": {"ids": ["a", "é"], "n": 2.5}} == index.adapter_state
+
+
+
+def _search_in_worker(index: PgVectorNormIndex, queries: list, expected: list, out: Any) -> None:
+    counts = {"right": 0, "wrong": 0, "errors": []}
+    for i in range(60):
+        j = i % len(queries)
+        try:
+            got = [h.id for h in index.search(queries[j], 3)]
+            counts["right" if got == expected[j] else "wrong"] += 1
+        except Exception as exc:  # noqa: BLE001 - any error is the failure
+            counts["errors"].append(f"{type(exc).__name__}: {exc}"[:200])
+    out.put(counts)
+
+
+def test_a_handle_made_before_fork_gives_each_process_its_own_connection(pg_dsn, table):
+    """A pre-fork server (gunicorn --preload, multiprocessing's fork) builds the index in the parent. The
+    forked workers shared its one connection: a worker got the other's rows as its results (no error),
+    others bare errors or a hang. Each process now opens its own; the parent's is left untouched."""
+    import multiprocessing
+
+    vecs, counts = synthetic(300, 16, seed=11)
+    index = PgVectorNormIndex(pg_dsn, table)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(300)])
+    queries = [vecs[i] * 1.1 for i in range(20)]
+    expected = [[h.id for h in index.search(q, 3)] for q in queries]
+    fork = multiprocessing.get_context("fork")
+    out = fork.Queue()
+    workers = [fork.Process(target=_search_in_worker, args=(index, queries, expected, out)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    reports = [out.get(timeout=120) for _ in workers]
+    for w in workers:
+        w.join(30)
+    assert all(r == {"right": 60, "wrong": 0, "errors": []} for r in reports), reports
+    assert [[h.id for h in index.search(q, 3)] for q in queries] == expected  # the parent's handle still works
 
 
 # ---------------------------------------------------------------- item 5: one snapshot per search
