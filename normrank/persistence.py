@@ -63,12 +63,17 @@ LOCK = ".lock"
 MARKER = ".normrank"
 #: Marker file inside every version folder, written first: the folder is normrank's to sweep.
 VERSION_MARKER = ".normrank-version"
+#: Empty file inside a version folder from its start until its save has published it (taken away after the
+#: ``current`` link points at it): a first save killed between its manifest and its link leaves a complete-
+#: looking version that is no saved index yet, which an ``rsync -r`` copy (a published version, link lost)
+#: is not.
+PENDING = ".normrank-pending"
 _VERSION_NAME = re.compile(r"v-[0-9a-f]{32}")
 #: Every file name a version folder of a saved index can hold, in any format (``tests/test_persistence.py``
 #: checks it against the store's): a ``v-<hex>`` folder without the version marker or a manifest (a save
 #: from before the marker, killed half-written) is normrank's only if it holds nothing else.
 VERSION_FILE_NAMES = frozenset({
-    MANIFEST, VERSION_MARKER, "index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json",
+    MANIFEST, VERSION_MARKER, PENDING, "index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json",
     "records.jsonl", "ids.utf8", "texts.utf8", "lengths.npy", "metadata.json",
 })
 _LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
@@ -174,13 +179,21 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
         return
     path = root / LOCK
     try:
-        fd = (os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644) if exclusive
+        fd = (os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666) if exclusive
               else os.open(path, os.O_RDONLY | _NOFOLLOW))
-    except (FileNotFoundError, PermissionError):
+    except FileNotFoundError:
         if exclusive:
             raise
         yield  # saved by an older normrank, or a read-only copy without a lock file
         return
+    except PermissionError:
+        if exclusive:
+            raise
+        # Loading without the lock here let a save remove the version being read (bare FileNotFoundError,
+        # or "state.json is missing" as if the folder were damaged, 100 of 400 loads beside a saving writer).
+        raise PersistenceError(errno.EACCES, f"cannot open {path} to lock the folder for reading (permission "
+                               "denied): a load holds this lock so that no save removes the version it reads; "
+                               "give this user read access to it, as to the saved files") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise IndexFormatError(f"{path} is a symbolic link; refusing to follow it out of the index folder") \
@@ -239,7 +252,7 @@ def _check_owned(root: Path) -> None:
 
 
 def _write_marker(path: Path, content: dict[str, Any]) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NOFOLLOW, 0o666)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(content) + "\n")
 
@@ -313,9 +326,11 @@ def write_versioned(
             link: Path | None = None
             try:
                 _write_marker(version / VERSION_MARKER, {"kind": "normrank index version"})
+                _write_marker(version / PENDING, {})
                 write_files(version)
                 _stage("files_written")
-                files = sorted(p.name for p in version.iterdir() if p.is_file() and p.name != VERSION_MARKER)
+                files = sorted(p.name for p in version.iterdir()
+                               if p.is_file() and p.name not in (VERSION_MARKER, PENDING))
                 manifest = {**manifest_extra, **_checksums(version, files, [n for n in pieces if n in files])}
                 (version / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
                 _stage("manifest_written")
@@ -334,6 +349,8 @@ def write_versioned(
                 remove_version(version)
                 raise
             _fsync_dir(root)
+            with contextlib.suppress(OSError):  # published: no longer a save in progress
+                (version / PENDING).unlink()
             _stage("published")
             _remove_stale(root, keep=version.name, every_version=legacy)
     except PersistenceError:
@@ -501,13 +518,14 @@ def _verify(root: Path, format_version: int, required: Iterable[str],
 
 
 def _nothing_saved_yet(root: Path) -> bool:
-    """Whether ``root`` holds only what a first save writes before its manifest: ``.lock``, the marker,
-    ``.current-*`` links and version folders without a manifest. A complete version (a copy that lost its
+    """Whether ``root`` holds only what a first save writes before it publishes: ``.lock``, the marker,
+    ``.current-*`` links and version folders without a manifest or still marked pending (:data:`PENDING`). A complete version (a copy that lost its
     ``current`` link, ``rsync -r``) or anything else is not "nothing": that folder is named, not treated as
     missing, or load-or-create code would save over it."""
     for p in root.iterdir():
         kind = _entry_kind(p)
-        if kind in ("file", "link") or (kind == "version" and not os.path.lexists(p / MANIFEST)):
+        if kind in ("file", "link") or (kind == "version" and (not os.path.lexists(p / MANIFEST)
+                                                               or os.path.lexists(p / PENDING))):
             continue
         return False
     return True

@@ -288,6 +288,86 @@ def test_process_dying_mid_save_loses_nothing(tmp_path, stage):
     assert snapshot(NormIndex.load(root)) == snapshot(expected)
 
 
+FIRST_SAVE_CHILD = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, {root!r})
+    from normrank import NormIndex, persistence
+    from tests.conftest import synthetic
+
+    path, stage = sys.argv[1], sys.argv[2]
+    vecs, counts = synthetic(40, dim=16, seed=3)
+    index = NormIndex(dim=16)
+    index.add_vectors(vecs, counts, ids=[f"d{{i}}" for i in range(40)])
+    persistence._save_hook = lambda s: os._exit(17) if s == stage else None
+    index.save(path)                        # the first save into the folder dies at `stage`
+    os._exit(0)
+""")
+
+
+@pytest.mark.parametrize("stage", ["files_written", "manifest_written", "before_publish"])
+def test_a_first_save_killed_before_it_publishes_leaves_no_saved_index_yet(tmp_path, stage):
+    """Killed after its manifest was written (its fsyncs, the slow part of a big save, come after it), a first
+    save left a complete-looking version without the ``current`` link: loads raised the ``IndexFormatError`` of
+    a damaged or foreign folder ("not a saved normrank index"), which load-or-create code and ``normrank search``
+    take for damage. A version is marked pending until published, so the folder has no saved index yet."""
+    root = tmp_path / "idx"
+    script = tmp_path / "child.py"
+    script.write_text(FIRST_SAVE_CHILD.format(root=str(ROOT)))
+    proc = subprocess.run([sys.executable, str(script), str(root), stage], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 17, proc.stderr
+    with pytest.raises(FileNotFoundError, match="no saved index at .* yet"):
+        NormIndex.load(root)
+    index = make_index(n=30)
+    index.save(root)  # the next save publishes and sweeps the dead one
+    assert [p.name for p in root.iterdir() if p.name.startswith("v-")] == [os.readlink(root / "current")]
+    assert not (root / os.readlink(root / "current") / ".normrank-pending").exists()
+    assert snapshot(NormIndex.load(root)) == snapshot(index)
+
+
+
+def test_the_lock_and_marker_follow_the_umask_so_a_group_can_save(tmp_path):
+    """``.lock`` and ``.normrank`` were always 0644 while every other file followed the umask: under umask
+    002 (a nightly indexer and an app user sharing a group) the second user's save failed on ``.lock``."""
+    old = os.umask(0o002)
+    try:
+        make_index(n=20).save(tmp_path / "idx")
+    finally:
+        os.umask(old)
+    for name in (".lock", ".normrank"):
+        assert (tmp_path / "idx" / name).stat().st_mode & 0o777 == 0o664
+
+
+def test_a_load_that_cannot_open_the_lock_is_named_not_run_unlocked(tmp_path):
+    """A reader that could not open an existing ``.lock`` loaded without it, and a save beside it removed the
+    version it read: a bare ``FileNotFoundError`` or "state.json is missing" (100 of 400 loads). It is named."""
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        make_index(n=20).save(shared / "idx")
+        for p in (shared / "idx").rglob("*"):
+            if not p.is_symlink():
+                p.chmod(0o755 if p.is_dir() else 0o644)
+        (shared / "idx" / ".lock").chmod(0o000)
+        code = f"""
+import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+if os.getuid() == 0:
+    os.setgid(65534); os.setuid(65534)  # root reads any file: load as nobody
+from normrank import NormIndex, PersistenceError
+try:
+    NormIndex.load({str(shared / "idx")!r})
+except PersistenceError as exc:
+    print("named:", exc)
+"""
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert "named: " in out.stdout and ".lock to lock the folder for reading" in out.stdout, out.stdout + out.stderr
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 LOOP_CHILD = textwrap.dedent("""
     import sys
     sys.path.insert(0, {root!r})
