@@ -386,12 +386,26 @@ def cmd_index(args: argparse.Namespace) -> int:
         raise EmptyCorpusError(f"{args.source} holds no document with text")
     index = build_index(config)
     if config.store.backend == "faiss":
+        # the version read first, then what it holds: a `normrank fit` (or another index run) that saves there
+        # while this one encodes is not written over (it was, without a word: the fit was lost)
+        from normrank.persistence import current_version
+
+        seen = current_version(args.out) if Path(args.out).is_dir() else None
         _carry_over_fit(args.out, config, index)
     ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=_show_progress(args, config))
     index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
-        index.save(args.out)
+        from normrank.errors import ConcurrentUpdateError
+
+        index._origin = (str(Path(args.out).resolve()), seen) if seen is not None else None
+        try:
+            index.save(args.out, if_unchanged=True)
+        except ConcurrentUpdateError:
+            raise ConcurrentUpdateError(
+                f"{args.out} changed while this run encoded (another `normrank fit` or `normrank index` saved "
+                "there): nothing was saved, so that change stands; run `normrank index` again to index into it "
+                "(the encodings are cached)") from None
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     backend = getattr(index.encoder, "backend", "torch")
     # a pgvector index is its table: --out names nothing there (it said "into <out>", a folder never made)

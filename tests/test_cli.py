@@ -414,6 +414,49 @@ def test_reindexing_a_folder_keeps_the_fitted_blend(tmp_path, capsys, encoder):
     assert NormIndex.load(out).weights == Weights(a=0.0, b=0.01)
 
 
+
+def test_reindexing_does_not_save_over_a_fit_that_landed_while_it_encoded(tmp_path, capsys, encoder, monkeypatch):
+    """`normrank index` reads the fitted blend when it starts, then encodes for minutes; a `normrank fit` that
+    saved in between was written over without a word (the fit lost). The run now saves only over the version
+    it started from: it stops with a named error, and the fit stands. A run with nothing in between saves."""
+    import normrank.cache as cli  # cmd_index encodes through normrank.cache.encode_cached
+    from normrank import Weights
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, t in enumerate(["Stars fuse hydrogen into helium.", "Bread rises with yeast.", "Rivers carve valleys."]):
+        (docs / f"d{i}.txt").write_text(t, encoding="utf-8")
+    out = tmp_path / "idx"
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 0
+    real_encode = cli.encode_cached
+
+    def encode_while_a_fit_lands(*args, **kwargs):
+        fit = NormIndex.load(out)  # what `normrank fit` does meanwhile, in another process
+        fit.set_weights(Weights(a=0.07))
+        fit.save(out, if_unchanged=True)
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "encode_cached", encode_while_a_fit_lands)
+    capsys.readouterr()
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 1
+    assert "changed while this run encoded" in capsys.readouterr().err
+    assert NormIndex.load(out).weights == Weights(a=0.07)
+    monkeypatch.setattr(cli, "encode_cached", real_encode)
+    assert main(["index", str(docs), "--out", str(out), "--no-progress"]) == 0  # run again: the fit is kept
+    assert NormIndex.load(out).weights == Weights(a=0.07)
+    fresh = tmp_path / "fresh"  # into a new folder where another run publishes first: the same
+    monkeypatch.setattr(cli, "encode_cached", lambda *a, **k: (make_first(fresh), real_encode(*a, **k))[1])
+    assert main(["index", str(docs), "--out", str(fresh), "--no-progress"]) == 1
+    assert len(NormIndex.load(fresh)) == 2
+
+
+def make_first(folder) -> None:
+    vecs, counts = synthetic(2, dim=384, seed=5)
+    index = NormIndex(dim=384)
+    index.add_vectors(vecs, counts, ids=["x", "y"])
+    index.save(folder)
+
+
 def test_fit_names_qrels_that_judge_a_chunked_file(tmp_path, capsys, encoder):
     """The qrels name `notes/whales.txt`, which `normrank index` stored as passages `notes/whales.txt#0..#n`.
     The error said such documents were empty or from another corpus and advised --allow-missing-docs,
