@@ -44,7 +44,12 @@ from typing import Any, Self, TypeVar
 
 import numpy as np
 
-from normrank._validation import check_adapter_entry, check_metadata, check_option, check_text
+from normrank._validation import (
+    check_adapter_entry,
+    check_metadata,
+    check_option,
+    check_text,
+)
 from normrank.calibration import NormCalibrator
 from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (

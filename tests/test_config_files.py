@@ -145,5 +145,5 @@ def test_a_model_path_too_long_for_the_system_is_named_by_the_encoder(tmp_path):
     config = load_config(path)
     assert config.encoder.model == "m" * 2000
     with pytest.raises(ModelLoadError, match="could not load embedding model") as info:
-        build_encoder(config).dim
+        _ = build_encoder(config).dim
     assert len(str(info.value)) < 1000 and "(2,000 characters)" in str(info.value)
