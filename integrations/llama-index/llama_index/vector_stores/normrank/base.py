@@ -619,9 +619,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         LlamaIndex never takes a deleted node out of the ``nodes_dict`` of a store that keeps the text, so
         once its reference nodes are deleted it names only ids the store no longer holds. Read as a
         restriction, that emptied every retrieval; ids that were all reference nodes deleted through this
-        store are read as the ``nodes_dict`` too. An id the store does not hold and never held as a reference
-        node (a deleted text node, a typo) makes the list a restriction: ``node_ids=["ix", "gone"]`` ranked
-        every node, where ``SimpleVectorStore`` gave ``ix``. The index keeps them (``adapter_state``: saved with a
+        store are read as the ``nodes_dict`` too. Ids the store does not hold beside held reference nodes do not
+        make it a restriction: a reference node deleted around this store (another store or handle on the same
+        index) stays in the ``nodes_dict``, and read as a restriction that hid every text node. The index keeps them (``adapter_state``: saved with a
         ``NormIndex``, in the table's state row on pgvector), so a store loaded again or opened by another
         process knows them.
         """
@@ -629,12 +629,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
             return False
         named = list(dict.fromkeys(_strings(node_ids, "node_ids")))
         held = [x for x in named if x in self._index]
-        if len(held) < len(named):  # the nodes_dict names no id the store never held but deleted reference nodes
-            former = self._former_reference_ids()
-            if not all(x in former for x in named if x not in held):
-                return False
         if not held:
-            return bool(named)
+            former = self._former_reference_ids()
+            return bool(named) and all(x in former for x in named)
         if len(held) == len(self._index):
             # every node the store holds is named (store_nodes_override=True lists them all): a restriction to
             # all of them restricts nothing, and as a filter over 20k nodes it cost 0.75 s a query
