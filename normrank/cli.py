@@ -395,14 +395,13 @@ def cmd_index(args: argparse.Namespace) -> int:
     ids, texts, metas = _chunk(args, config, index.encoder, ids, texts, metas)
     vecs, counts = encode_cached(index.encoder, texts, show_progress=_show_progress(args, config))
     if config.store.backend == "pgvector" and len(index):
-        # the table is the index: re-running the command (a nightly re-index) makes it hold the source again,
-        # as a re-run rebuilds a folder. It failed with DuplicateIdError, after encoding everything.
-        stale = sorted(set(index.ids()) - set(ids))
-        index.upsert_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)  # one transaction
-        if stale:
-            index.delete(stale)
-        print(f"note: table {config.store.table!r} held documents: replaced those in the source, removed "
-              f"{len(stale)} it no longer holds", file=sys.stderr)
+        # re-running the command (a nightly re-index) replaced nothing: DuplicateIdError, after encoding
+        # everything. The source's documents are replaced in one transaction; the table's other rows (another
+        # source's, an app's) are kept, since a table is shared where a folder is not
+        others = len(set(index.ids()) - set(ids))
+        index.upsert_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
+        print(f"note: table {config.store.table!r} held documents: replaced those of this source; kept {others} "
+              "other(s) it holds (delete those with PgVectorNormIndex.delete)", file=sys.stderr)
     else:
         index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
