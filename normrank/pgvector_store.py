@@ -106,6 +106,9 @@ _HANDLES: weakref.WeakSet[PgVectorNormIndex] = weakref.WeakSet()
 
 def _let_go_after_fork() -> None:
     for handle in list(_HANDLES):
+        # a new lock too: a parent thread inside a call held the old one, which no thread of the child releases
+        # (the child's first call hung)
+        handle._lock = threading.RLock()
         conn, handle._conn = handle._conn, None
         if conn is not None:
             let_go_in_child(conn)

@@ -171,10 +171,22 @@ def test_a_handle_made_before_fork_gives_each_process_its_own_connection(pg_dsn,
     expected = [[h.id for h in index.search(q, 3)] for q in queries]
     fork = multiprocessing.get_context("fork")
     out = fork.Queue()
-    workers = [fork.Process(target=_search_in_worker, args=(index, queries, expected, out)) for _ in range(2)]
-    for w in workers:
-        w.start()
-    reports = [out.get(timeout=120) for _ in workers]
+    stop = threading.Event()
+
+    def busy() -> None:  # a parent thread inside a call when the workers fork: its lock must not hang them
+        while not stop.is_set():
+            index.search(queries[0], 3)
+
+    busy_thread = threading.Thread(target=busy)
+    busy_thread.start()
+    try:
+        workers = [fork.Process(target=_search_in_worker, args=(index, queries, expected, out)) for _ in range(4)]
+        for w in workers:
+            w.start()
+        reports = [out.get(timeout=120) for _ in workers]
+    finally:
+        stop.set()
+        busy_thread.join()
     for w in workers:
         w.join(30)
     assert all(r == {"right": 60, "wrong": 0, "errors": []} for r in reports), reports
