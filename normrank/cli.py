@@ -368,7 +368,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         finally:
             stop()
         if fitted is not None and _carry_over_fit(args.out, ray_config, index, fitted):
-            index.save(args.out)
+            index.save(args.out, if_unchanged=True)  # over the version Ray just saved, and nothing newer
         print(f"indexed {len(index)} documents with Ray into {args.out} (Parquet in {args.out}-encoded)")
         return 0
     config = load_config(args.config)  # a bad setting is named before the corpus is read

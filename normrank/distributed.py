@@ -41,6 +41,7 @@ from normrank.encoders import (
     encoder_from_settings,
 )
 from normrank.errors import (
+    ConcurrentUpdateError,
     DuplicateIdError,
     EmptyCorpusError,
     IndexFormatError,
@@ -48,6 +49,7 @@ from normrank.errors import (
     ModelLoadError,
 )
 from normrank.index_base import _as_metadatas, _check_ids
+from normrank.persistence import current_version
 
 logger = logging.getLogger(__name__)
 
@@ -460,6 +462,9 @@ def index_with_ray(
     encoder = build_encoder(cfg)
     # The destination is opened before minutes of encoding: an unreachable pgvector DSN was found only after.
     target = build_index(cfg) if cfg.store.backend == "pgvector" else None
+    # the folder's version now: the save below writes only over it, so a `normrank fit` (or another index run)
+    # that saves there while Ray encodes stands (it was written over without a word)
+    seen = current_version(out) if cfg.store.backend == "faiss" and Path(out).is_dir() else None
     c = cfg.chunking  # long files become passages (ids path#n), as `normrank index` does
     ids, texts, metas, truncated = chunk_documents(ids, texts, metas, encoder=encoder, kind=source_kind(source),
                                                    enabled=c.enabled, size=c.size, overlap=c.overlap, rows=c.rows)
@@ -471,7 +476,14 @@ def index_with_ray(
                            min_per_bin=cfg.calibration.min_per_bin, show_progress=show_progress)
     index = corpus.into(target if target is not None else build_index(cfg))
     if cfg.store.backend == "faiss":
-        index.save(out)
+        index._origin = (str(Path(out).resolve()), seen) if seen is not None else None
+        try:
+            index.save(out, if_unchanged=True)
+        except ConcurrentUpdateError:
+            raise ConcurrentUpdateError(
+                f"{out} changed while Ray encoded (another `normrank fit` or `normrank index` saved there): nothing "
+                "was saved, so that change stands; run it again"
+            ) from None
     return index
 
 

@@ -351,6 +351,7 @@ def write_versioned(
             _fsync_dir(root)
             with contextlib.suppress(OSError):  # published: no longer a save in progress
                 (version / PENDING).unlink()
+                _fsync_dir(version)  # on disk too: a power loss must not bring the mark back into a live version
             _stage("published")
             _remove_stale(root, keep=version.name, every_version=legacy)
     except PersistenceError:

@@ -13,7 +13,7 @@ from normrank.store import NormIndex
 pytest.importorskip("ray.data", reason="distributed encoding needs Ray Data: pip install 'normrank[ray]'")
 
 
-def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder):
+def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder, monkeypatch):
     src = tmp_path / "d.jsonl"
     src.write_text("".join(json.dumps({"_id": f"d{i}", "text": f"passage {i} about stars and cells"}) + "\n"
                            for i in range(12)), encoding="utf-8")
@@ -41,6 +41,25 @@ def test_index_with_ray_is_quiet_without_verbose(tmp_path, capfd, encoder):
                  "--no-progress"]) == 0
     assert "kept the blend fitted earlier" in capfd.readouterr().err
     assert NormIndex.load(tmp_path / "idx").weights == Weights(a=0.05)
+    # a `normrank fit` that saves while Ray encodes stands: the run saves only over the version it started
+    # from (it wrote over the fit without a word)
+    import normrank.distributed as distributed
+
+    real_encode = distributed.encode_corpus
+
+    def encode_while_a_fit_lands(*args, **kwargs):
+        fit = NormIndex.load(tmp_path / "idx")
+        fit.set_weights(Weights(a=0.07))
+        fit.save(tmp_path / "idx", if_unchanged=True)
+        return real_encode(*args, **kwargs)
+
+    monkeypatch.setattr(distributed, "encode_corpus", encode_while_a_fit_lands)
+    shutil.rmtree(tmp_path / "idx-encoded")
+    assert main(["index", str(src), "--out", str(tmp_path / "idx"), "--ray", "--ray-actors", "1",
+                 "--no-progress"]) == 1
+    assert "changed while Ray encoded" in capfd.readouterr().err
+    assert NormIndex.load(tmp_path / "idx").weights == Weights(a=0.07)
+    monkeypatch.setattr(distributed, "encode_corpus", real_encode)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's own file")
     assert main(["index", str(src), "--out", str(tmp_path / "mine"), "--ray", "--no-progress"]) == 1
