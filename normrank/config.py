@@ -249,8 +249,16 @@ class NormRankConfig(_Section):
 
         Written for normrank's own reader: text it would read as a number (``"1e3"``) is quoted, a ``${``
         is written ``$${`` (else the reload expanded it as a variable), and a line break YAML folds into a
-        space (U+0085, U+2028) is escaped."""
-        data = _escape_variables(self.to_dict())
+        space (U+0085, U+2028) is escaped. A relative ``store.path`` or local ``encoder.model`` folder is
+        written absolute, as this process resolves it: a file's relative paths are read relative to the
+        file's folder, so written as they were they named another place once the file was elsewhere."""
+        data = self.to_dict()
+        if data["store"].get("path") and not os.path.isabs(os.path.expanduser(data["store"]["path"])):
+            data["store"]["path"] = os.path.abspath(data["store"]["path"])
+        model = data["encoder"].get("model")
+        if model and not os.path.isabs(os.path.expanduser(model)) and (model.startswith(".") or _exists(Path(model))):
+            data["encoder"]["model"] = os.path.abspath(model)
+        data = _escape_variables(data)
         text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True)
         if _parse(text) != data:  # a line break written raw (NEL, LS) came back as a space
             text = yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=False)

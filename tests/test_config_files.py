@@ -128,6 +128,23 @@ def test_dumps_reads_back_to_an_equal_config(given, tmp_path):
     assert load_config(path) == config
 
 
+
+def test_dumps_keeps_relative_paths_naming_the_same_place(tmp_path, monkeypatch):
+    """A config made in Python with relative paths, dumped to a file in another folder, read back with them
+    re-rooted at the file's folder: another index and model. ``dumps`` writes them absolute, as resolved here."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "minilm").mkdir(parents=True)
+    config = load_config({"store": {"path": "indexes/main"}, "encoder": {"model": "./models/minilm"}})
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    (elsewhere / "normrank.yaml").write_text(config.dumps(), encoding="utf-8")
+    back = load_config(elsewhere / "normrank.yaml")
+    assert back.store.path == str(tmp_path / "indexes" / "main")
+    assert back.encoder.model == str(tmp_path / "models" / "minilm")
+    hub = load_config({"encoder": {"model": "sentence-transformers/all-MiniLM-L6-v2"}})  # a name, not a folder
+    assert "model: sentence-transformers/all-MiniLM-L6-v2" in hub.dumps()
+
+
 def test_encoder_config_from_a_built_encoder_rebuilds_it(encoder):
     config = NormRankConfig(encoder=EncoderConfig(pooling="norm2", batch_size=16, max_seq_length=200))
     built = build_encoder(config)
