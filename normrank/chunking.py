@@ -76,8 +76,6 @@ class Chunker:
             tok = model.tokenizer
             specials = len(tok("x", add_special_tokens=True)["input_ids"]) - len(
                 tok("x", add_special_tokens=False)["input_ids"])
-            backend = getattr(tok, "backend_tokenizer", None)
-            backend_json = backend.to_str() if backend is not None else None
         self.max_size = window - specials
         self.size = _check_int("chunk size", self.max_size if size is None else size, 1)
         if self.size > self.max_size:
@@ -92,12 +90,8 @@ class Chunker:
             from semantic_text_splitter import MarkdownSplitter, TextSplitter
         except ImportError as exc:  # pragma: no cover - a core dependency
             raise MissingExtraError("chunking needs semantic-text-splitter: pip install semantic-text-splitter") from exc
-        if backend_json is not None:
-            from tokenizers import Tokenizer
-
-            private = Tokenizer.from_str(backend_json)
-            private.no_truncation()  # the splitter must count every token of a candidate chunk
-            private.no_padding()
+        private = self.encoder._private_tokenizer()  # the copy encoder.tokenize counts on: never truncates
+        if private is not None:
             self._text = TextSplitter.from_huggingface_tokenizer(private, capacity=self.size, overlap=self.overlap)
             self._markdown = MarkdownSplitter.from_huggingface_tokenizer(private, capacity=self.size,
                                                                          overlap=self.overlap)

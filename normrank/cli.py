@@ -405,16 +405,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     else:
         index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
-        from normrank.errors import ConcurrentUpdateError
+        from normrank.store import save_unless_changed
 
-        index._origin = (str(Path(args.out).resolve()), seen) if seen is not None else None
-        try:
-            index.save(args.out, if_unchanged=True)
-        except ConcurrentUpdateError:
-            raise ConcurrentUpdateError(
-                f"{args.out} changed while this run encoded (another `normrank fit` or `normrank index` saved "
-                "there): nothing was saved, so that change stands; run `normrank index` again to index into it "
-                "(the encodings are cached)") from None
+        save_unless_changed(index, args.out, seen, "this run encoded",
+                            "run `normrank index` again to index into it (the encodings are cached)")
     norms = np.linalg.norm(vecs.astype(np.float64), axis=1)
     backend = getattr(index.encoder, "backend", "torch")
     # a pgvector index is its table: --out names nothing there (it said "into <out>", a folder never made)

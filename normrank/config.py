@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from normrank._validation import _numpy_scalar
 from normrank.errors import ConfigError, InvalidArgumentError
 from normrank.scoring import MAX_WEIGHT
 
@@ -437,10 +438,9 @@ def _plain_data(value: Any) -> Any:
         return {k: _plain_data(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain_data(v) for v in value]
-    if isinstance(value, np.generic):
-        held = value.item()
-        return float(held) if isinstance(held, np.floating) else held  # np.longdouble's item() is itself
-    return value
+    if isinstance(value, (np.bool_, np.integer, np.floating)):
+        return _numpy_scalar(value)  # as metadata reads them (np.longdouble included)
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _parse(text: str) -> Any:

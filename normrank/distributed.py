@@ -41,7 +41,6 @@ from normrank.encoders import (
     encoder_from_settings,
 )
 from normrank.errors import (
-    ConcurrentUpdateError,
     DuplicateIdError,
     EmptyCorpusError,
     IndexFormatError,
@@ -476,14 +475,9 @@ def index_with_ray(
                            min_per_bin=cfg.calibration.min_per_bin, show_progress=show_progress)
     index = corpus.into(target if target is not None else build_index(cfg))
     if cfg.store.backend == "faiss":
-        index._origin = (str(Path(out).resolve()), seen) if seen is not None else None
-        try:
-            index.save(out, if_unchanged=True)
-        except ConcurrentUpdateError:
-            raise ConcurrentUpdateError(
-                f"{out} changed while Ray encoded (another `normrank fit` or `normrank index` saved there): nothing "
-                "was saved, so that change stands; run it again"
-            ) from None
+        from normrank.store import save_unless_changed
+
+        save_unless_changed(index, out, seen, "Ray encoded", "run it again")
     return index
 
 

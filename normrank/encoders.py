@@ -386,7 +386,8 @@ class RawEncoder:
             return list(self.model.tokenizer.tokenize(text))
 
     def _private_tokenizer(self) -> Any:
-        """A copy of the model's fast tokenizer for :meth:`tokenize` (made once), or ``None`` for a slow one."""
+        """A copy of the model's fast tokenizer for :meth:`tokenize` and the chunker's splitters (made once), or
+        ``None`` for a slow one."""
         if self._tokenizer_copy is None:
             model = self.model
             with self._lock:

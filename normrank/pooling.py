@@ -70,6 +70,15 @@ def pool(tokens: np.ndarray, mask: np.ndarray, mode: str, token_weights: np.ndar
     return (tokens * w[:, :, None]).sum(axis=1) / denom
 
 
+def check_sif_a(value: Any) -> float:
+    """The SIF constant as a float: a positive, finite number (infinity made every weight NaN), else
+    ``InvalidArgumentError``; the one check the encoder and the re-rankers' settings share."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not (np.isfinite(value) and value > 0):
+        raise InvalidArgumentError(f"sif_a must be a positive finite number, got {value!r}")
+    return float(value)
+
+
 class PooledEncoder(RawEncoder):
     """A :class:`RawEncoder` whose sentence vector is a re-weighted pooling of token embeddings.
 
@@ -90,12 +99,10 @@ class PooledEncoder(RawEncoder):
                  sif_a: float = 1e-3, **kwargs: Any) -> None:
         if pooling not in POOLINGS:
             raise InvalidArgumentError(f"unknown pooling {pooling!r}; choose one of {list(POOLINGS)}")
-        if isinstance(sif_a, bool) or not isinstance(sif_a, (int, float, np.integer, np.floating)) \
-                or not (np.isfinite(sif_a) and sif_a > 0):  # infinity made every weight NaN
-            raise InvalidArgumentError(f"sif_a must be a positive finite number, got {sif_a!r}")
+        sif_a = check_sif_a(sif_a)
         super().__init__(model, **kwargs)
         self.pooling = pooling
-        self.sif_a = float(sif_a)
+        self.sif_a = sif_a
         self._vocab_weights: np.ndarray | None = None
 
     @property

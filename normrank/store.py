@@ -56,6 +56,7 @@ from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
 from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
+    ConcurrentUpdateError,
     DuplicateIdError,
     EmptyCorpusError,
     IndexFormatError,
@@ -1340,6 +1341,23 @@ def _ties_by_id(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.nda
         return ids, scores
     order = np.lexsort((np.where(ids < 0, np.iinfo(np.int64).max, ids), -scores.astype(np.float64)))
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+def save_unless_changed(index: NormIndex, path: str | os.PathLike[str], version: str | None, during: str,
+                        retry: str) -> Path:
+    """Save a newly built ``index`` at ``path`` only if the folder still holds ``version`` (``None``: nothing
+    saved yet), the version read when the build started; else :class:`ConcurrentUpdateError` naming ``during``
+    and ``retry``, with nothing written.
+
+    Why: ``normrank index`` (and ``--ray``) read a fitted blend to carry over, encoded for minutes, then saved
+    over a ``normrank fit`` that had landed meanwhile, without a word."""
+    index._origin = (str(Path(path).resolve()), version) if version is not None else None
+    try:
+        return index.save(path, if_unchanged=True)
+    except ConcurrentUpdateError:
+        raise ConcurrentUpdateError(
+            f"{path} changed while {during} (another `normrank fit` or `normrank index` saved there): nothing was "
+            f"saved, so that change stands; {retry}") from None
 
 
 def saved_state(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -52,7 +52,7 @@ from normrank.config import NormRankConfig, build_weights, load_config, saved_in
 from normrank.config import build_encoder as encoder_from_config
 from normrank.encoders import RawEncoder, check_raw_encoder
 from normrank.errors import EmptyTextError, InvalidArgumentError
-from normrank.pooling import POOLINGS
+from normrank.pooling import POOLINGS, check_sif_a
 from normrank.scoring import Weights, rescore
 from normrank.store import NormIndex
 
@@ -173,9 +173,7 @@ class NormRankRanker:
                 raise InvalidArgumentError(f"{name} must be a string, got {value!r}")
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise InvalidArgumentError(f"model must be a model folder (a string or a path) or None, got {model!r}")
-        if isinstance(sif_a, (bool, np.bool_)) or not isinstance(sif_a, (int, float, np.integer, np.floating)) \
-                or not (np.isfinite(sif_a) and sif_a > 0):
-            raise InvalidArgumentError(f"sif_a must be a positive finite number, got {sif_a!r}")
+        sif_a = check_sif_a(sif_a)
         check_encoder_options({"batch_size": batch_size, "max_seq_length": max_seq_length, "backend": backend,
                                "device": device})
         self.keep_retrieval_score = keep_retrieval_score
@@ -185,7 +183,7 @@ class NormRankRanker:
         self.device = str(device)
         self.max_seq_length = max_seq_length
         self.pooling = pooling
-        self.sif_a = float(sif_a)
+        self.sif_a = sif_a
         self.cache_size = cache_size
         self._encoder = encoder
         self._cache = CandidateVectorCache(cache_size)
