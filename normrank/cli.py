@@ -398,8 +398,8 @@ def cmd_index(args: argparse.Namespace) -> int:
         # re-running the command (a nightly re-index) replaced nothing: DuplicateIdError, after encoding
         # everything. The source's documents are replaced in one transaction; the table's other rows (another
         # source's, an app's) are kept, since a table is shared where a folder is not
-        others = len(set(index.ids()) - set(ids))
         index.upsert_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
+        others = len(index) - len(ids)  # the ids are distinct: the rest is what the source does not name
         print(f"note: table {config.store.table!r} held documents: replaced those of this source; kept {others} "
               "other(s) it holds (delete those with PgVectorNormIndex.delete)", file=sys.stderr)
     else:
