@@ -400,8 +400,9 @@ def cmd_index(args: argparse.Namespace) -> int:
         # source's, an app's) are kept, since a table is shared where a folder is not
         index.upsert_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
         others = len(index) - len(ids)  # the ids are distinct: the rest is what the source does not name
-        print(f"note: table {config.store.table!r} held documents: replaced those of this source; kept {others} "
-              "other(s) it holds (delete those with PgVectorNormIndex.delete)", file=sys.stderr)
+        kept = (f"; kept {others} other(s) it holds (delete those with PgVectorNormIndex.delete)" if others > 0
+                else "")
+        print(f"note: table {config.store.table!r} held documents: replaced those of this source{kept}", file=sys.stderr)
     else:
         index.add_vectors(vecs, counts, ids=ids, texts=texts, metadatas=metas)
     if config.store.backend == "faiss":  # a pgvector index lives in its table
