@@ -33,6 +33,7 @@ import numpy as np
 
 from normrank.errors import IndexFormatError, UnknownIdError
 from normrank.index_base import Record
+from normrank.persistence import load_npy
 
 #: The files :meth:`DocColumns.write` adds to a saved folder (format 2).
 COLUMN_FILES = ("ids.utf8", "texts.utf8", "lengths.npy", "metadata.json")
@@ -201,7 +202,7 @@ class DocColumns:
 
         Needs nothing from ``index.faiss``, so a load runs it while FAISS reads that file."""
         with opener("lengths.npy") as fh:
-            lengths = np.load(fh, allow_pickle=False)
+            lengths = load_npy(fh, Path(where) / "lengths.npy")
         with opener("ids.utf8") as fh:
             id_blob = fh.read().decode("utf-8")
         with opener("texts.utf8") as fh:
@@ -276,6 +277,9 @@ def _slices(blob: str, lengths: np.ndarray, where: Any, name: str, *, nullable: 
     ``array.array`` (one short-lived int at a time): lists of 100k+ Python ints, freed mid-load between
     the strings that stay, left ~60 bytes per document of fragmented heap in the loaded process."""
     clean = np.maximum(lengths, 0) if nullable else lengths
+    if clean.size and int(clean.max()) > len(blob):  # else the int64 sum could wrap round to the blob's length
+        raise IndexFormatError(f"the index at {where} is inconsistent: {name} does not hold the lengths "
+                               "lengths.npy gives")
     ends = np.cumsum(clean, dtype=np.int64)
     if (int(ends[-1]) if ends.size else 0) != len(blob):
         raise IndexFormatError(f"the index at {where} is inconsistent: {name} does not hold the lengths "

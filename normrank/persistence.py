@@ -40,10 +40,12 @@ import hashlib
 import io
 import json
 import logging
+import math
 import mmap
 import os
 import re
 import shutil
+import stat
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -51,6 +53,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+import numpy as np
 
 from normrank.errors import ConcurrentUpdateError, IndexFormatError, PersistenceError
 
@@ -78,6 +82,7 @@ VERSION_FILE_NAMES = frozenset({
 })
 _LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 #: Bytes per piece of a big file's piece checksums (manifest ``pieces``); a multiple of every page size.
 PIECE_BYTES = 2 << 20
 _PIECE_MAX = 1 << 30
@@ -94,16 +99,53 @@ def _stage(name: str) -> None:
 
 
 def open_nofollow(path: Path, mode: str = "rb") -> IO[Any]:
-    """Open a file of a saved index for reading without following a symlink (named error if it is one)."""
+    """Open a file of a saved index for reading without following a symlink (named error if it is one).
+
+    Only a regular file is read: a FIFO in an unpacked archive made a load wait forever for a writer,
+    and a device node (``/dev/zero`` as ``manifest.json``) read until memory ran out."""
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise IndexFormatError(f"{path} is a symbolic link; refusing to follow it out of the index folder") \
                 from None
         raise
+    _require_regular(fd, path)
     fh = os.fdopen(fd, "rb")
     return fh if mode == "rb" else io.TextIOWrapper(fh, encoding="utf-8")
+
+
+def _require_regular(fd: int, path: Path) -> None:
+    """Close ``fd`` and name the problem unless it is a regular file (opened with ``O_NONBLOCK``, which
+    lets a FIFO open at once instead of waiting for a writer; a regular file ignores the flag)."""
+    st_mode = os.fstat(fd).st_mode
+    if stat.S_ISREG(st_mode):
+        return
+    os.close(fd)
+    kind = ("a FIFO" if stat.S_ISFIFO(st_mode) else "a device" if stat.S_ISCHR(st_mode) or stat.S_ISBLK(st_mode)
+            else "a socket" if stat.S_ISSOCK(st_mode) else "a folder" if stat.S_ISDIR(st_mode) else "not a file")
+    raise IndexFormatError(f"{path} is {kind}, not a regular file; refusing to use it as part of the index")
+
+
+def load_npy(fh: IO[bytes], path: Path) -> np.ndarray:
+    """``np.load`` of a saved column, with the shape its header claims checked against the file's size
+    first: a header claiming 10^12 rows raised a bare ``MemoryError`` instead of naming the file."""
+    start = fh.tell()
+    try:
+        version = np.lib.format.read_magic(fh)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, _fortran, dtype = read_header(fh)
+    except (ValueError, TypeError, SyntaxError, OSError) as exc:
+        raise IndexFormatError(f"{path} is not a valid .npy file: {exc}") from None
+    if dtype.hasobject:
+        raise IndexFormatError(f"{path} holds Python objects; a saved index never does (pickle is refused)")
+    need = math.prod(shape) * dtype.itemsize
+    have = os.fstat(fh.fileno()).st_size - fh.tell()
+    if need != have:
+        raise IndexFormatError(f"{path} is truncated or altered: its header claims {need} bytes of data, "
+                               f"the file holds {have}")
+    fh.seek(start)
+    return np.load(fh, allow_pickle=False)
 
 
 def sha256_file(path: Path) -> str:
@@ -179,8 +221,8 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
         return
     path = root / LOCK
     try:
-        fd = (os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o666) if exclusive
-              else os.open(path, os.O_RDONLY | _NOFOLLOW))
+        fd = (os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o666) if exclusive
+              else os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK))
     except FileNotFoundError:
         if exclusive:
             raise
@@ -199,6 +241,7 @@ def _locked(root: Path, *, exclusive: bool) -> Iterator[None]:
             raise IndexFormatError(f"{path} is a symbolic link; refusing to follow it out of the index folder") \
                 from None
         raise
+    _require_regular(fd, path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
         yield
@@ -300,6 +343,11 @@ def write_versioned(
         raise IndexFormatError(f"{root} is a symbolic link to {os.readlink(root)!r}, which does not exist")
     if root.exists() and not root.is_dir():
         raise IndexFormatError(f"{root} exists and is not a folder")
+    holder = _index_holding(root)
+    if holder is not None:
+        raise IndexFormatError(
+            f"{root} is inside a version folder of the index saved at {holder}: nothing was saved there, "
+            "because that index's next save removes its old version folders. Save into a folder of its own")
     _check_owned(root)
     if _copied_without_links(root):
         raise IndexFormatError(
@@ -378,6 +426,19 @@ def _checksums(version: Path, files: list[str], pieces: list[str]) -> dict[str, 
         return {"files": whole, "pieces": tables.result()}
 
 
+def _index_holding(root: Path) -> Path | None:
+    """The saved index one of whose version folders holds ``root`` (through ``current`` or not), if any.
+
+    Why: ``save("idx/current/backup")`` wrote a second index inside ``idx``'s live version, and the next
+    ``save("idx")`` swept that version with everything in it."""
+    real = Path(os.path.realpath(root))
+    for p in (real, *real.parents):
+        if (_VERSION_NAME.fullmatch(p.name) and ((p.parent / MARKER).is_file() or (p.parent / CURRENT).is_symlink())
+                and _owned_version(p)):
+            return p.parent
+    return None
+
+
 def _copied_without_links(root: Path) -> bool:
     """Whether ``root/current`` is a version folder itself, not the link to one: what ``cp -r`` and
     ``shutil.copytree`` (``symlinks=False``) make of a saved index. It loads as it is; a save into it is
@@ -425,15 +486,20 @@ def remove_version(version: Path) -> None:
     last = (MANIFEST, VERSION_MARKER)
     try:
         for child in list(version.iterdir()):
-            if child.name in last:
-                continue
+            if child.name in last or child.name not in VERSION_FILE_NAMES:
+                continue  # not a file a save writes: somebody put it there, and it is theirs
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):
                     child.unlink()
-        if any(child.name not in last for child in version.iterdir()):
-            return  # something would not go: keep the marks, so a later save tries again
+        left = sorted(child.name for child in version.iterdir() if child.name not in last)
+        if left:  # keep the marks, so a later save tries again
+            foreign = [n for n in left if n not in VERSION_FILE_NAMES]
+            if foreign:
+                logger.warning("kept the old index version %s: it holds %s, which normrank did not write; "
+                            "move them out and the next save removes it", version, ", ".join(foreign[:5]))
+            return
     except OSError:
         return
     for name in last:

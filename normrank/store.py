@@ -83,6 +83,7 @@ from normrank.index_base import (  # noqa: F401  (re-exported: the names the sto
 from normrank.persistence import (
     ANY_VERSION,
     CURRENT,
+    load_npy,
     open_nofollow,
     read_verified_file,
     reading_deferred,
@@ -1129,11 +1130,11 @@ class NormIndex(BlendIndexBase):
                                 state = json.loads(sfh.read())
                             _check_state(state, path)
                             with opener("norms.npy") as nfh:
-                                norms = np.load(nfh, allow_pickle=False).astype(np.float32)
+                                norms = load_npy(nfh, folder / "norms.npy").astype(np.float32)
                             with opener("token_counts.npy") as cfh:
-                                counts = np.load(cfh, allow_pickle=False).astype(np.int64)
+                                counts = load_npy(cfh, folder / "token_counts.npy").astype(np.int64)
                             with opener("tombstones.npy") as tfh:
-                                tombstones = np.load(tfh, allow_pickle=False).astype(np.int64)
+                                tombstones = load_npy(tfh, folder / "tombstones.npy").astype(np.int64)
                             if version >= 2:
                                 rows = DocColumns.read_rows(opener, path)
                             else:  # format 1 (normrank <= 0.2.0-dev): one JSON object per document

@@ -773,3 +773,86 @@ def test_a_query_vector_without_its_count_is_a_missing_token_count_error_that_se
     text = "how long do massive stars live"
     got = search_up_to(index, q, 5, list, count_text=text)
     assert got == index.search(q, 5, query_token_count=int(encoder.token_counts([text])[0]))
+
+
+# ------------------------------------------------------------------ a folder from an untrusted source (security hunt)
+
+@pytest.mark.parametrize("where", ["manifest", "lock"])
+def test_a_fifo_in_a_saved_folder_is_named_not_waited_on(tmp_path, where):
+    import subprocess
+    import sys
+
+    root = tmp_path / "idx"
+    index, _, _ = make(n=40)
+    folder = index.save(root)
+    target = folder / "manifest.json" if where == "manifest" else root / ".lock"
+    target.unlink()
+    os.mkfifo(target)
+    # in a child with a timeout: on the old code the open waited for a writer for ever
+    code = ("import sys; from normrank import NormIndex, IndexFormatError\n"
+            f"try:\n    NormIndex.load({str(root)!r})\nexcept IndexFormatError as e:\n    print('NAMED', e)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "NAMED" in proc.stdout and "is a FIFO, not a regular file" in proc.stdout, proc.stderr[-800:]
+
+
+def test_a_device_as_manifest_is_named_not_read(tmp_path):
+    root = tmp_path / "idx"
+    index, _, _ = make(n=40)
+    folder = index.save(root)
+    (folder / "manifest.json").unlink()
+    try:
+        os.mknod(folder / "manifest.json", 0o644 | __import__("stat").S_IFCHR, os.makedev(1, 5))  # /dev/zero
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    with pytest.raises(IndexFormatError, match="is a device, not a regular file"):
+        NormIndex.load(root)
+
+
+def _npy_header(descr: str, shape: tuple[int, ...]) -> bytes:
+    head = repr({"descr": descr, "fortran_order": False, "shape": shape}).encode()
+    head += b" " * (64 - (10 + len(head) + 1) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head
+
+
+@pytest.mark.parametrize("name", ["norms.npy", "token_counts.npy", "tombstones.npy", "lengths.npy"])
+def test_a_npy_header_claiming_more_than_the_file_holds_is_named(tmp_path, name):
+    index, _, _ = make(n=40)
+    folder = index.save(tmp_path / "idx")
+    shape = (10**12, 2) if name == "lengths.npy" else (10**12,)
+    descr = "<f4" if name == "norms.npy" else "<i8"
+    _rewrite(folder, name, _npy_header(descr, shape) + b"\0" * 64)  # checksum matches: only the header lies
+    with pytest.raises(IndexFormatError, match=rf"{name} is truncated or altered: its header claims"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_text_lengths_that_wrap_round_to_the_file_size_are_named(tmp_path):
+    index, _, _ = make(n=5)
+    folder = index.save(tmp_path / "idx")
+    lengths = np.load(folder / "lengths.npy")
+    total = int(lengths[:, 1].sum())
+    lengths[:4, 1] = 2**62  # four of them add up to 2**64: zero, in int64
+    lengths[4, 1] = total
+    buf = __import__("io").BytesIO()
+    np.save(buf, lengths)
+    _rewrite(folder, "lengths.npy", buf.getvalue())
+    with pytest.raises(IndexFormatError, match="texts.utf8 does not hold the lengths"):
+        NormIndex.load(tmp_path / "idx")
+
+
+def test_a_save_inside_another_index_version_is_refused_and_a_user_file_there_survives(tmp_path, caplog):
+    outer = tmp_path / "idx"
+    a, _, _ = make(n=40)
+    b, _, _ = make(n=30, seed=1)
+    a.save(outer)
+    for inside in (outer / "current" / "backup", Path(os.path.realpath(outer / "current")) / "deep" / "b"):
+        with pytest.raises(IndexFormatError, match="is inside a version folder of the index saved at"):
+            b.save(inside)
+        assert not inside.exists()
+    # a user's note put into the live version by hand is not swept with it
+    note = Path(os.path.realpath(outer / "current")) / "NOTES.txt"
+    note.write_text("mine")
+    with caplog.at_level("WARNING", logger="normrank.persistence"):
+        a.save(outer)
+    assert note.read_text() == "mine"
+    assert "which normrank did not write" in caplog.text
+    assert NormIndex.load(outer).ids() == a.ids()
