@@ -183,18 +183,97 @@ def note_other_dimension(vector: Any, dim: int, owner: str) -> None:
                        "it is ignored and the query text encoded instead (logged once)", owner, n, dim)
 
 
-def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
-    """True when ``vector`` can stand in for a fresh raw encoding: right dimension, finite, not unit length."""
-    if vector is None or len(vector) != dim:
-        return False
+#: How near 1 the norm of a caller's embedding must be to count as a normalising embedder's output (then
+#: it is encoded again). Wider than :data:`UNIT_NORM_TOLERANCE`: a stock embedder in bfloat16 gives unit
+#: vectors whose norms miss 1 by up to ~3e-3, and 16 of 20 of them passed for raw vectors while the rest
+#: were encoded, so one ranking mixed norms near 1 with norms near 5. Encoding a raw vector that happens to
+#: be this near 1 again costs a model call, never a wrong score.
+GIVEN_UNIT_TOLERANCE = 1e-2
+
+#: A caller's raw embedding is this encoder's when, against the encoder's own vector for the same text,
+#: the cosine is at least this and the norms differ by at most this share (half precision stays within both).
+SAME_MODEL_MIN_COSINE = 0.99
+SAME_MODEL_NORM_SHARE = 0.01
+
+
+def _norm_of(vector: Sequence[float] | None, dim: int) -> float | None:
+    """The norm of a finite vector of ``dim`` numbers, else ``None``."""
+    if vector is None:
+        return None
     try:
+        if len(vector) != dim:
+            return None
         arr = np.asarray(vector, dtype=np.float64)
     except (TypeError, ValueError):
-        return False
+        return None
     if arr.shape != (dim,) or not np.all(np.isfinite(arr)):
+        return None
+    return float(np.linalg.norm(arr))
+
+
+def is_raw(vector: Sequence[float] | None, dim: int) -> bool:
+    """True when ``vector`` may stand in for a fresh raw encoding: right dimension, finite, not unit length
+    (within :data:`GIVEN_UNIT_TOLERANCE`). Whether it comes from this encoder's model is
+    :class:`EmbeddingCheck`'s question."""
+    norm = _norm_of(vector, dim)
+    return norm is not None and norm > GIVEN_UNIT_TOLERANCE and abs(norm - 1.0) >= GIVEN_UNIT_TOLERANCE
+
+
+def _is_unit(vector: Sequence[float] | None, dim: int) -> bool:
+    norm = _norm_of(vector, dim)
+    return norm is not None and abs(norm - 1.0) < GIVEN_UNIT_TOLERANCE
+
+
+def same_model(given: np.ndarray, own: np.ndarray) -> bool:
+    """Whether a caller's raw vector and the encoder's own for the same text agree (:data:`SAME_MODEL_MIN_COSINE`,
+    :data:`SAME_MODEL_NORM_SHARE`): an int8 embedder's vectors (norms ~2000) or another 384-d model's
+    raw vectors were trusted, and ranked documents by another model's geometry."""
+    g, o = np.asarray(given, dtype=np.float64).ravel(), np.asarray(own, dtype=np.float64).ravel()
+    gn, on = float(np.linalg.norm(g)), float(np.linalg.norm(o))
+    if g.shape != o.shape or gn == 0.0 or on == 0.0:
         return False
-    norm = float(np.linalg.norm(arr))
-    return norm > UNIT_NORM_TOLERANCE and abs(norm - 1.0) >= UNIT_NORM_TOLERANCE
+    return float(g @ o) / (gn * on) >= SAME_MODEL_MIN_COSINE and abs(gn / on - 1.0) <= SAME_MODEL_NORM_SHARE
+
+
+#: Query texts whose own vectors a re-ranker keeps to check raw query embeddings against.
+QUERIES_KEPT = 256
+
+
+class EmbeddingCheck:
+    """Whether the raw embeddings a re-ranker's callers pass come from its own encoder's model.
+
+    The first raw document embedding a re-ranker gets is compared with the encoder's own vector for the
+    same text (one model call, once); later ones, and raw query embeddings, are compared whenever the
+    encoder's vector for the same text is at hand anyway (cached: free). On a mismatch the embeddings of
+    that kind are ignored from then on, and encoded again, with one warning: a wrong model upstream costs
+    model calls, not a ranking by another model's geometry.
+    """
+
+    def __init__(self, owner: str = "re-ranker") -> None:
+        self.owner = owner
+        self._lock = threading.Lock()
+        self._verdict: dict[str, bool] = {}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._verdict.clear()
+
+    def verdict(self, kind: str) -> bool | None:
+        with self._lock:
+            return self._verdict.get(kind)
+
+    def record(self, kind: str, ok: bool) -> bool:
+        """Note a comparison for ``kind`` (``"document"``, ``"query"``); returns whether that kind is usable."""
+        with self._lock:
+            before = self._verdict.get(kind)
+            if before is False:
+                return False
+            self._verdict[kind] = ok
+        if not ok:
+            logger.warning("%s: a raw %s embedding given to it does not match its own encoder's vector for the "
+                           "same text (another model, or quantised vectors?); given %s embeddings are ignored from "
+                           "now on and the texts encoded instead (logged once)", self.owner, kind, kind)
+        return ok
 
 
 def unscorable(text: str | None) -> str | None:
@@ -284,10 +363,12 @@ class CandidateVectorCache:
     call only (the entry then keeps just the token count, which depends on the text alone).
     """
 
-    def __init__(self, size: int = 10_000) -> None:
+    def __init__(self, size: int = 10_000, owner: str = "re-ranker") -> None:
         self.size = check_option("cache_size", size)
         self._items: OrderedDict[tuple[str, str], tuple[np.ndarray | None, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self._queries: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.check = EmbeddingCheck(owner)
 
     def __len__(self) -> int:
         with self._lock:
@@ -296,6 +377,70 @@ class CandidateVectorCache:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._queries.clear()
+        self.check.reset()
+
+    def query_vector(self, encoder: RawEncoder, text: str | None, embedding: Sequence[float] | None, *,
+                     of_text: bool = True) -> tuple[np.ndarray, int | None] | None:
+        """A caller's raw query embedding and the query's token count (``None`` for a blank query), when
+        it may be used; ``None`` when the query must be encoded instead (then hand the encoder's vector to
+        :meth:`note_query`).
+
+        A raw query embedding costs no model call (that is what it is for), so it is not probed as document
+        embeddings are: it is compared with the encoder's own vector for the same query text whenever this
+        re-ranker encoded that text before (free), and after one mismatch query embeddings are ignored.
+        ``of_text=False``: the embedding is of other strings on purpose (LlamaIndex's HyDE sets
+        ``custom_embedding_strs``), so it is not compared."""
+        if not is_raw(embedding, encoder.dim):
+            return None
+        if self.check.verdict("query") is False:
+            return None
+        vec = np.asarray(embedding, dtype=np.float32)
+        if of_text and not is_blank(text):
+            with self._lock:
+                own = self._queries.get(_text_key("", text))  # type: ignore[arg-type]  # not blank
+            if own is not None and not self.check.record("query", same_model(vec, own)):
+                return None
+        return vec, (None if is_blank(text) else int(encoder.token_counts([text])[0]))
+
+    def note_query(self, text: str, vector: np.ndarray) -> None:
+        """Remember the encoder's own vector for a query text (a few hundred), to check later raw query
+        embeddings of the same text against (:meth:`query_vector`)."""
+        if not self.size:  # cache_size=0: nothing kept
+            return
+        with self._lock:
+            key = _text_key("", text)
+            self._queries[key] = np.array(vector, dtype=np.float32, copy=True)
+            self._queries.move_to_end(key)
+            while len(self._queries) > QUERIES_KEPT:
+                self._queries.popitem(last=False)
+
+    def _usable_given(self, encoder: RawEncoder, candidates: Sequence[Candidate], given: list[int],
+                      cached: Mapping[int, tuple[np.ndarray | None, int]],
+                      probed: dict[int, tuple[np.ndarray, int]]) -> list[int]:
+        """The positions in ``given`` whose caller embeddings may be used (see :class:`EmbeddingCheck`).
+        A vector encoded to decide is left in ``probed``: it is the encoder's own (cached; used if the caller's
+        is not)."""
+        if not given:
+            return given
+        dim = encoder.dim
+        if any(_is_unit(c[2], dim) for c in candidates):  # a normalising embedder upstream: none is raw
+            logger.debug("%s: raw and unit-length embeddings in one call; all are encoded again", self.check.owner)
+            return []
+        if self.check.verdict("document") is False:
+            return []
+        for i in given:
+            own = cached.get(i)
+            if own is not None and own[0] is not None and not self.check.record(
+                    "document", same_model(np.asarray(candidates[i][2]), own[0])):
+                return []
+        if self.check.verdict("document") is None:
+            i = given[0]
+            vectors, counts = encoder.encode_with_counts([candidates[i][1]])
+            probed[i] = (np.array(vectors[0], dtype=np.float32, copy=True), int(counts[0]))
+            if not self.check.record("document", same_model(np.asarray(candidates[i][2]), vectors[0])):
+                return []
+        return given
 
     def vectors(self, encoder: RawEncoder, candidates: Sequence[Candidate], *,
                 known: Mapping[int, tuple[np.ndarray, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -316,6 +461,10 @@ class CandidateVectorCache:
         dim = encoder.dim
         found: dict[int, tuple[np.ndarray, int]] = dict(known or {})
         given = [i for i in range(n) if i not in found and is_raw(candidates[i][2], dim)]
+        probed: dict[int, tuple[np.ndarray, int]] = {}
+        given = self._usable_given(encoder, candidates, given, cached, probed)
+        for i, (vec, count) in probed.items():  # the encoder's own: cached, and used unless the caller's matched
+            cached[i] = (vec, count)
         need_counts = [i for i in given if i not in cached]
         counts = encoder.token_counts([candidates[i][1] for i in need_counts]) if need_counts else []
         fresh_counts = dict(zip(need_counts, (int(c) for c in counts)))
@@ -326,12 +475,11 @@ class CandidateVectorCache:
             if i not in found and i in cached and cached[i][0] is not None:
                 found[i] = (cached[i][0], cached[i][1])  # type: ignore[assignment]  # checked not None
         todo = [i for i in range(n) if i not in found]
-        encoded: dict[int, tuple[np.ndarray, int]] = {}
+        encoded: dict[int, tuple[np.ndarray, int]] = dict(probed)
         if todo:
             vectors, new_counts = encoder.encode_with_counts([candidates[i][1] for i in todo])
             for j, i in enumerate(todo):
-                encoded[i] = (np.array(vectors[j], dtype=np.float32, copy=True), int(new_counts[j]))
-            found.update(encoded)
+                encoded[i] = found[i] = (np.array(vectors[j], dtype=np.float32, copy=True), int(new_counts[j]))
         if self.size:
             with self._lock:
                 for i, (vec, count) in encoded.items():

@@ -228,6 +228,8 @@ class HaystackConfig(_Section):
     keep_retrieval_score: bool = Field(True, description="Keep the incoming score in meta['normrank']['retrieval_score'].")
     calibration: Calibration = Field("auto", description=_CALIBRATION_HELP)
     cache_size: int = Field(10_000, ge=0, description="Document vectors kept in memory (by id + content hash).")
+    score_threshold: float | None = Field(None, description="Return only documents whose blended score is at least "
+                                          "this (null: no threshold).")
 
 
 class NormRankConfig(_Section):

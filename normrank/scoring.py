@@ -240,6 +240,8 @@ class HitArrays(NamedTuple):
     cosines: np.ndarray  # float64 (queries, k)
 
 
+_warned_no_query_calibration = False
+
 #: Bins of at least this many candidates when :func:`rescore` calibrates on the candidates themselves.
 CANDIDATE_MIN_PER_BIN = 5
 
@@ -306,7 +308,11 @@ def rescore(
             )
         qcal = query_calibrator
         if qcal is None:
-            logger.warning("no query calibration: using the document calibration for query features")
+            global _warned_no_query_calibration
+            if not _warned_no_query_calibration:  # a re-ranker calls this per query: once, not every time
+                _warned_no_query_calibration = True
+                logger.warning("no query calibration: using the document calibration for query features "
+                               "(pass query_calibrator, e.g. from NormIndex.fit or calibrate_queries); logged once")
             qcal = cal
         w = float(weights.query_weight(qcal.transform([q_norm], [qcount], weights.feature))[0])
     cos = (docs.astype(np.float64) / norms[:, None]) @ (query[0].astype(np.float64) / q_norm)

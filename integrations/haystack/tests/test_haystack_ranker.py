@@ -80,11 +80,33 @@ def test_document_embeddings_used_only_when_raw(encoder, ids, demo_texts, demo_e
     ignored = NormRankRanker(top_k=12, cache_size=0, encoder=encoder).run(query=q, documents=_docs(ids, texts, unit))
     assert {d.id: d.score for d in ignored["documents"]} == pytest.approx(base, abs=1e-5)
     used = NormRankRanker(top_k=12, cache_size=0, encoder=encoder).run(
-        query=q, documents=_docs(ids, texts, np.roll(vecs, 1, axis=0)))
-    for d in used["documents"]:  # each document carries its neighbour's raw vector, which is trusted
-        j = (ids.index(d.id) - 1) % len(ids)
+        query=q, documents=_docs(ids, texts, vecs * 1.005))
+    for d in used["documents"]:  # the model's own raw vectors (norms 0.5% off, as half precision may be): used
+        j = ids.index(d.id)
+        assert d.meta["normrank"]["norm"] == pytest.approx(1.005 * float(np.linalg.norm(vecs[j])), rel=1e-5)
         cos = float(vecs[j] @ qv / np.linalg.norm(vecs[j]) / np.linalg.norm(qv))
         assert d.meta["normrank"]["cosine"] == pytest.approx(cos, abs=1e-5)
+
+
+def test_raw_embeddings_of_another_model_or_half_precision_unit_ones_are_not_used(encoder, ids, demo_texts,
+                                                                                  demo_encoded, caplog):
+    """Found by a Haystack user's hunt: each document carrying another text's raw vector (another model's
+    geometry), int8 vectors (norms ~2000) and bfloat16 unit vectors (norms 1 +- 3e-3) were all trusted."""
+    ids, texts, vecs = ids[:12], demo_texts[:12], demo_encoded[0][:12]
+    q = "How do vaccines work?"
+    base = {d.id: d.score for d in NormRankRanker(top_k=12, cache_size=0, weights={"a": 0.03}, encoder=encoder)
+            .run(query=q, documents=_docs(ids, texts))["documents"]}
+    unit = vecs / np.linalg.norm(vecs, axis=1, keepdims=True)
+    rng = np.random.default_rng(0)
+    half = unit * (1 + rng.uniform(-3e-3, 3e-3, size=(len(ids), 1)))  # what a bfloat16 stock embedder gives
+    for given, warned in ((np.roll(vecs, 1, axis=0), True), (np.round(unit * 2000), True), (half, False)):
+        caplog.clear()
+        ranker = NormRankRanker(top_k=12, cache_size=0, weights={"a": 0.03}, encoder=encoder)
+        with caplog.at_level("WARNING", logger="normrank.candidate_vectors"):
+            for _ in range(2):  # and still on the next call
+                got = {d.id: d.score for d in ranker.run(query=q, documents=_docs(ids, texts, given))["documents"]}
+                assert got == pytest.approx(base, abs=1e-5)
+        assert ("does not match its own encoder's vector" in caplog.text) is warned
 
 
 def test_inputs_untouched_top_k_and_copies(encoder, ids, demo_texts):

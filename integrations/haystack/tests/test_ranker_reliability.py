@@ -76,10 +76,15 @@ def test_a_crafted_embedding_does_not_outlive_its_call(encoder, ids, demo_texts,
     honest = _ranked(NormRankRanker(top_k=6, cache_size=0, encoder=encoder).run(query=q, documents=docs)["documents"])
     ranker = NormRankRanker(top_k=6, encoder=encoder)
     crafted = demo_encoded[0][:6].copy()
-    crafted[0] = encoder.encode([q])[0] * 3.0  # raw (not unit), aligned with the query: cosine 1
+    crafted[1] *= 1.009  # the model's own vector, its norm 0.9% off: used, for that call only
     first = ranker.run(query=q, documents=_docs(ids[:6], demo_texts[:6], embeddings=crafted))["documents"]
-    assert first[0].id == ids[0] and first[0].score > max(s for _, s in honest) + 0.3  # used for that call
+    by_id = {d.id: d.meta["normrank"]["norm"] for d in first}
+    assert by_id[ids[1]] == pytest.approx(1.009 * float(np.linalg.norm(demo_encoded[0][1])), rel=1e-5)
     _same(_ranked(ranker.run(query=q, documents=docs)["documents"]), honest)
+    crafted[0] = encoder.encode([q])[0] * 3.0  # raw (not unit), aligned with the query: cosine 1; not the model's
+    fresh = NormRankRanker(top_k=6, encoder=encoder)
+    _same(_ranked(fresh.run(query=q, documents=_docs(ids[:6], demo_texts[:6], embeddings=crafted))["documents"]),
+          honest)
 
 
 # ---------------------------------------------------------------- issue 10 item 16
@@ -117,7 +122,7 @@ def test_settings_are_checked_and_kept_as_plain_values():
             params["keep_retrieval_score"]) == (32, 100, 128, 0.5, False)
     assert type(params["batch_size"]) is int and type(params["keep_retrieval_score"]) is bool
     for bad, words in (({"batch_size": None}, "batch_size must be an integer"),
-                       ({"device": None}, "device must be a string"),
+                       ({"device": 7}, "device must be a string"),  # None: the device Haystack picks
                        ({"model": 1}, "model must be a model folder"),
                        ({"sif_a": -1.0, "pooling": "sif"}, "sif_a must be a positive finite number"),
                        ({"sif_a": float("nan"), "pooling": "sif"}, "sif_a must be a positive finite number"),
@@ -320,3 +325,90 @@ def test_a_document_given_twice_is_ranked_once(encoder, ids, demo_texts):
     assert all(d.meta.get("from") == "dense" for d in out)  # the copy with the higher incoming score
     once = ranker.run(query="What does mitochondrial DNA encode?", documents=high)["documents"]
     assert [(d.id, d.score) for d in out] == [(d.id, d.score) for d in once]
+
+
+# ---------------------------------------------------------------- a Haystack user's hunt
+def test_device_as_haystack_components_take_it(encoder, ids, demo_texts):
+    """Only a string was taken: ``ComponentDevice``, ``None`` and the YAML block a stock ranker writes failed."""
+    from haystack.utils import ComponentDevice
+
+    for device in (ComponentDevice.from_str("cpu"), None, {"type": "single", "device": "cpu"}, "cpu"):
+        ranker = NormRankRanker(top_k=3, device=device)
+        assert ranker.device == "cpu" and ranker.to_dict()["init_parameters"]["device"] == "cpu"
+    yaml_text = Pipeline().dumps().replace("components: {}", (
+        "components:\n  rerank:\n    type: haystack_integrations.components.rankers.normrank.ranker.NormRankRanker\n"
+        "    init_parameters:\n      top_k: 3\n      device:\n        type: single\n        device: cpu\n"))
+    loaded = Pipeline.loads(yaml_text).get_component("rerank")
+    assert loaded.device == "cpu"
+    q = "How do vaccines work?"
+    _same(_ranked(loaded.run(query=q, documents=_docs(ids[:6], demo_texts[:6]))["documents"]),
+          _ranked(NormRankRanker(top_k=3, encoder=encoder).run(query=q, documents=_docs(ids[:6], demo_texts[:6]))
+                  ["documents"]))
+    with pytest.raises(InvalidArgumentError, match="device must be a string, a haystack ComponentDevice or None"):
+        NormRankRanker(device=3)
+
+
+def test_score_threshold_at_init_run_config_and_in_the_pipeline_yaml(encoder, ids, demo_texts, tmp_path):
+    q = "How do vaccines work?"
+    docs = [*_docs(ids[:10], demo_texts[:10]), Document(id="empty", content=None)]
+    everything = NormRankRanker(top_k=20, encoder=encoder).run(query=q, documents=docs)["documents"]
+    scores = sorted((d.score for d in everything if d.score is not None), reverse=True)
+    cut = (scores[2] + scores[3]) / 2  # three above it
+    ranker = NormRankRanker(top_k=20, encoder=encoder, score_threshold=cut)
+    kept = ranker.run(query=q, documents=docs)["documents"]
+    assert [d.id for d in kept] == [d.id for d in everything[:3]] and all(d.score >= cut for d in kept)
+    assert len(ranker.run(query=q, documents=docs, score_threshold=-10.0)["documents"]) == 10  # not the empty one
+    assert len(NormRankRanker(top_k=2, encoder=encoder, score_threshold=cut).run(
+        query=q, documents=docs)["documents"]) == 2
+    loaded = Pipeline.loads(_pipeline_with(ranker).dumps()).get_component("rerank")
+    assert loaded.score_threshold == cut
+    assert [d.id for d in loaded.run(query=q, documents=docs)["documents"]] == [d.id for d in kept]
+    for bad in (float("nan"), float("inf"), "0.5", True):
+        with pytest.raises(InvalidArgumentError, match="score_threshold must be a finite number or None"):
+            NormRankRanker(score_threshold=bad)
+        with pytest.raises(InvalidArgumentError, match="score_threshold must be a finite number or None"):
+            ranker.run(query=q, documents=[], score_threshold=bad)
+    config = tmp_path / "normrank.yaml"
+    config.write_text(f"haystack:\n  score_threshold: {cut!r}\n  top_k: 20\n")
+    from_config = NormRankRanker.from_config(config)
+    assert from_config.score_threshold == cut
+
+
+def _pipeline_with(ranker: NormRankRanker) -> Pipeline:
+    pipe = Pipeline()
+    pipe.add_component("rerank", ranker)
+    return pipe
+
+
+def test_a_query_that_is_not_valid_unicode_is_named_as_the_query(encoder, ids, demo_texts):
+    from normrank import InvalidTextError
+
+    with pytest.raises(InvalidTextError, match="the query is not valid Unicode text"):
+        NormRankRanker(top_k=3, encoder=encoder).run(query="plants \ud800", documents=_docs(ids[:3], demo_texts[:3]))
+
+
+def test_a_raw_query_embedding_of_another_model_is_caught_when_the_text_was_seen(encoder, ids, demo_texts, caplog,
+                                                                                 model_calls):
+    q = "What does mitochondrial DNA encode?"
+    docs = _docs(ids[:8], demo_texts[:8])
+    ranker = NormRankRanker(top_k=8, weights={"a": 0.03}, encoder=encoder)
+    want = _ranked(ranker.run(query=q, documents=docs)["documents"])
+    own = encoder.encode([q])[0]
+    before = model_calls.texts
+    _same(_ranked(ranker.run(query=q, documents=docs, query_embedding=own.tolist())["documents"]), want)
+    assert model_calls.texts == before  # its own raw vector: no model call
+    other = np.random.default_rng(0).permutation(own)  # a same-size raw vector of other geometry
+    with caplog.at_level("WARNING", logger="normrank.candidate_vectors"):
+        _same(_ranked(ranker.run(query=q, documents=docs, query_embedding=other.tolist())["documents"]), want)
+    assert "a raw query embedding given to it does not match" in caplog.text
+
+
+def test_a_query_weight_without_query_calibration_warns_once(encoder, ids, demo_texts, caplog):
+    import normrank.scoring
+
+    normrank.scoring._warned_no_query_calibration = False
+    ranker = NormRankRanker(top_k=3, weights={"b": 0.02}, encoder=encoder)
+    with caplog.at_level("WARNING", logger="normrank.scoring"):
+        for _ in range(3):
+            ranker.run(query="stars", documents=_docs(ids[:6], demo_texts[:6]))
+    assert caplog.text.count("no query calibration") == 1

@@ -104,11 +104,19 @@ def test_query_embedding_used_only_when_raw(encoder, ids, demo_texts):
     raw_same = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(q, embedding=qv.tolist())))
     unit_other = (ov / np.linalg.norm(ov)).tolist()
     unit = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(q, embedding=unit_other)))
-    raw_other = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(q, embedding=ov.tolist())))
+    # a raw vector of other strings on purpose (HyDE's custom_embedding_strs) is used: it ranks for them
+    hyde = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(
+        q, custom_embedding_strs=[other], embedding=ov.tolist())))
     assert raw_same.keys() == base.keys() and unit.keys() == base.keys()
     assert all(raw_same[k] == pytest.approx(base[k], abs=1e-5) for k in base)
     assert all(unit[k] == pytest.approx(base[k], abs=1e-5) for k in base)  # unit vector ignored, query re-embedded
-    assert raw_other.keys() != base.keys()  # a raw vector is trusted: it ranks for the other query
+    assert hyde.keys() != base.keys()
+    # a raw vector said to be q's that is not what the encoder gives for q (encoded above): ignored, and
+    # query embeddings from then on, with one warning
+    raw_other = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(q, embedding=ov.tolist())))
+    assert raw_other == pytest.approx(base, abs=1e-5)
+    later = _scores(post.postprocess_nodes(_nodes(ids, demo_texts), QueryBundle(other, embedding=qv.tolist())))
+    assert later.keys() != base.keys()  # q's vector for the other query: not trusted any more
 
 
 def test_node_embeddings_reused_when_raw(encoder, ids, demo_texts, demo_encoded):

@@ -43,7 +43,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, QueryBundle
 from llama_index.retrievers.normrank.base import as_explained
 
-from normrank._validation import check_option
+from normrank._validation import check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
@@ -56,7 +56,6 @@ from normrank.candidate_vectors import (
     encoder_settings,
     explanation,
     is_blank,
-    is_raw,
     note_other_dimension,
     split_scorable,
     stored_vectors,
@@ -147,7 +146,7 @@ class NormRankPostprocessor(BaseNodePostprocessor):
                 if key in type(self).model_fields:
                     data.setdefault(key, value)
         super().__init__(**data)
-        self._cache = CandidateVectorCache(self.cache_size)
+        self._cache = CandidateVectorCache(self.cache_size, owner=type(self).__name__)
         self._encoder = encoder
         self._lock = threading.Lock()
 
@@ -213,13 +212,15 @@ class NormRankPostprocessor(BaseNodePostprocessor):
 
     def _query_vector(self, query_bundle: QueryBundle) -> tuple[np.ndarray, int | None]:
         text = query_bundle.query_str
-        if is_raw(query_bundle.embedding, self.encoder.dim):
-            count = None if is_blank(text) else int(self.encoder.token_counts([text])[0])
-            return np.asarray(query_bundle.embedding, dtype=np.float32), count
+        given = self._cache.query_vector(self.encoder, text, query_bundle.embedding,
+                                         of_text=query_bundle.embedding_strs == [text])
+        if given is not None:
+            return given
         note_other_dimension(query_bundle.embedding, self.encoder.dim, type(self).__name__)
         if is_blank(text):
             raise EmptyTextError("the query is empty and has no raw embedding: nothing to re-rank by")
-        vectors, counts = self.encoder.encode_with_counts([text])
+        vectors, counts = self.encoder.encode_with_counts([check_text(text, "the query")])
+        self._cache.note_query(text, vectors[0])
         return vectors[0], int(counts[0])
 
     def _node_vectors(self, nodes: Sequence[NodeWithScore]) -> tuple[np.ndarray, np.ndarray]:

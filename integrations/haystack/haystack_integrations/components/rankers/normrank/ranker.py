@@ -24,10 +24,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import math
+
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
+from haystack.utils import ComponentDevice
 
-from normrank._validation import check_option
+from normrank._validation import check_option, check_text
 from normrank.calibration import NormCalibrator
 from normrank.candidate_vectors import (
     EXPLANATION_KEY,
@@ -40,7 +43,6 @@ from normrank.candidate_vectors import (
     encoder_settings,
     explanation,
     is_blank,
-    is_raw,
     note_other_dimension,
     split_scorable,
     stored_vectors,
@@ -69,6 +71,31 @@ def _plain_bool(name: str, value: Any) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise InvalidArgumentError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def _device(value: Any) -> str:
+    """The torch device string of ``device``: a string, a Haystack ``ComponentDevice`` (or the dict stock
+    components serialise it as, ``{"type": "single", "device": "cpu"}``) or ``None`` (Haystack picks one,
+    as its own components do). Only a string was taken: a pipeline YAML written for a stock ranker failed."""
+    if isinstance(value, str):
+        return value
+    try:
+        if isinstance(value, Mapping):
+            value = ComponentDevice.from_dict(dict(value))
+        if value is None or isinstance(value, ComponentDevice):
+            return ComponentDevice.resolve_device(value).to_torch_str()
+    except (ValueError, TypeError, KeyError) as exc:  # a multi-device map has no one torch device
+        raise InvalidArgumentError(f"device must name one device, got {value!r}: {exc}") from None
+    raise InvalidArgumentError(f"device must be a string, a haystack ComponentDevice or None, got {value!r}")
+
+
+def _score_threshold(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(value)):
+        raise InvalidArgumentError(f"score_threshold must be a finite number or None, got {value!r}")
+    return float(value)
 
 
 def _calibrator(value: NormCalibrator | Mapping[str, Any] | None) -> NormCalibrator | None:
@@ -119,13 +146,14 @@ class NormRankRanker:
         query_calibrator: NormCalibrator | Mapping[str, Any] | None = None,
         keep_retrieval_score: bool = True,
         batch_size: int = 64,
-        device: str = "cpu",
+        device: str | ComponentDevice | None = "cpu",
         max_seq_length: int | None = None,
         pooling: str = "mean",
         sif_a: float = 1e-3,
         cache_size: int = 10_000,
         encoder: RawEncoder | None = None,
         backend: str = "torch",
+        score_threshold: float | None = None,
     ) -> None:
         """
         :param model: Local sentence-transformers folder; ``None`` = the bundled all-MiniLM-L6-v2.
@@ -137,7 +165,9 @@ class NormRankRanker:
         :param query_calibrator: Query calibration (needed when ``b != 0``).
         :param keep_retrieval_score: Keep the incoming score in ``meta["normrank"]["retrieval_score"]``.
         :param batch_size: Encoder batch size.
-        :param device: Encoder torch device.
+        :param device: Encoder torch device: a string (``"cpu"``, ``"cuda:0"``), a Haystack ``ComponentDevice``,
+            or ``None`` for the device Haystack picks (``ComponentDevice.resolve_device``); serialised as its
+            torch string.
         :param max_seq_length: Encoder token limit (``None`` = model default).
         :param pooling: Encoder pooling: ``mean`` (the stock model) or a research pooling
             (``norm``, ``norm2``, ``inv_norm``, ``sif``; see :mod:`normrank.pooling`).
@@ -145,6 +175,9 @@ class NormRankRanker:
         :param backend: Encoder backend: ``torch``, or ``onnx`` / ``onnx-int8`` on ONNX Runtime (CPU;
             ``pip install 'normrank[onnx]'``; see :class:`normrank.RawEncoder`).
         :param cache_size: Document vectors kept in memory.
+        :param score_threshold: Return only documents whose blended score is at least this (as Haystack's
+            similarity rankers do); ``run(score_threshold=...)`` overrides it. Documents without text have no
+            score and are left out when a threshold is set.
         :param encoder: An existing ``RawEncoder`` to share (then ``model`` and every encoder setting
             are taken from it, and serialised, so ``Pipeline.dumps`` rebuilds the same encoder).
         :raises InvalidArgumentError: ``top_k``, ``cache_size``, ``batch_size``, ``max_seq_length``, ``pooling``
@@ -168,9 +201,10 @@ class NormRankRanker:
         batch_size = check_option("batch_size", batch_size)
         max_seq_length = None if max_seq_length is None else check_option("max_seq_length", max_seq_length)
         cache_size = check_option("cache_size", cache_size)
-        for name, value in (("device", device), ("backend", backend)):
-            if not isinstance(value, str):
-                raise InvalidArgumentError(f"{name} must be a string, got {value!r}")
+        device = _device(device)
+        if not isinstance(backend, str):
+            raise InvalidArgumentError(f"backend must be a string, got {backend!r}")
+        self.score_threshold = _score_threshold(score_threshold)
         if model is not None and not isinstance(model, (str, os.PathLike)):
             raise InvalidArgumentError(f"model must be a model folder (a string or a path) or None, got {model!r}")
         sif_a = check_sif_a(sif_a)
@@ -186,7 +220,7 @@ class NormRankRanker:
         self.sif_a = sif_a
         self.cache_size = cache_size
         self._encoder = encoder
-        self._cache = CandidateVectorCache(cache_size)
+        self._cache = CandidateVectorCache(cache_size, owner=type(self).__name__)
         self._source: Any = None  # the index given to from_index: its stored vectors, weights and calibrations
         self._own_weights = False  # weights given to from_index, kept over the index's
         self._lock = threading.Lock()
@@ -220,7 +254,7 @@ class NormRankRanker:
         config = load_config(source)
         section = config.haystack
         options = {"top_k": section.top_k, "keep_retrieval_score": section.keep_retrieval_score,
-                   "cache_size": section.cache_size}
+                   "cache_size": section.cache_size, "score_threshold": section.score_threshold}
         index = saved_index(config, section.calibration, "haystack")
         if index is not None:
             return cls.from_index(index, **options)
@@ -239,7 +273,7 @@ class NormRankRanker:
             query_calibrator=query_calibrator.to_dict() if query_calibrator else None,
             keep_retrieval_score=self.keep_retrieval_score, batch_size=self.batch_size, device=self.device,
             max_seq_length=self.max_seq_length, pooling=self.pooling, sif_a=self.sif_a,
-            cache_size=self.cache_size, backend=self.backend,
+            cache_size=self.cache_size, backend=self.backend, score_threshold=self.score_threshold,
         )
 
     @classmethod
@@ -284,13 +318,14 @@ class NormRankRanker:
                              own_weights=self._own_weights)
 
     def _query_vector(self, query: str, query_embedding: Sequence[float] | None) -> tuple[np.ndarray, int | None]:
-        if is_raw(query_embedding, self.encoder.dim):
-            count = None if is_blank(query) else int(self.encoder.token_counts([query])[0])
-            return np.asarray(query_embedding, dtype=np.float32), count
+        given = self._cache.query_vector(self.encoder, query, query_embedding)
+        if given is not None:
+            return given
         note_other_dimension(query_embedding, self.encoder.dim, type(self).__name__)
         if is_blank(query):
             raise EmptyTextError("the query is empty: nothing to rank by")
-        vectors, counts = self.encoder.encode_with_counts([query])
+        vectors, counts = self.encoder.encode_with_counts([check_text(query, "the query")])
+        self._cache.note_query(query, vectors[0])
         return vectors[0], int(counts[0])
 
     def _explained(self, doc: Document, score: float | None, parts: dict[str, dict[str, Any]]) -> Document:
@@ -306,6 +341,7 @@ class NormRankRanker:
         documents: list[Document],
         top_k: int | None = None,
         query_embedding: list[float] | None = None,
+        score_threshold: float | None = None,
     ) -> dict[str, list[Document]]:
         """
         Re-rank ``documents`` for ``query``.
@@ -314,13 +350,16 @@ class NormRankRanker:
         :param documents: Candidates, e.g. from a retriever.
         :param top_k: Documents to return; ``None`` uses the component's ``top_k``.
         :param query_embedding: The query's embedding, if a text embedder already computed it; used
-            only when raw (the encoder's dimension, not unit length), else ``query`` is encoded.
+            only when raw (the encoder's dimension, not unit length) and from this ranker's model, else
+            ``query`` is encoded.
+        :param score_threshold: Keep only documents scoring at least this; ``None`` uses the component's.
         :returns: ``{"documents": [...]}``, best first, at most ``top_k``; documents without text last. A document
             given more than once (by id, as a hybrid pipeline's joiner passes it) is ranked once, as Haystack's
             own rankers do: the copy with the highest incoming score.
         :raises EmptyTextError: The query is empty (and no raw ``query_embedding`` is given).
         """
         k = self.top_k if top_k is None else _check_top_k(top_k)
+        threshold = self.score_threshold if score_threshold is None else _score_threshold(score_threshold)
         if not documents:
             return {"documents": []}
         documents = _unique_by_id(documents)
@@ -334,6 +373,8 @@ class NormRankRanker:
                            query_calibrator=query_calibrator, query_token_count=qcount)
             order = sorted(range(len(scored)), key=lambda j: -hits[j].score)
             out = [self._explained(documents[scored[j]], hits[j].score, explanation(hits[j])) for j in order]
+        if threshold is not None:
+            return {"documents": [d for d in out if d.score >= threshold][:k]}
         out.extend(self._explained(documents[i], None, unscored_explanation(why[i])) for i in why)
         return {"documents": out[:k]}
 
@@ -344,7 +385,8 @@ class NormRankRanker:
         documents: list[Document],
         top_k: int | None = None,
         query_embedding: list[float] | None = None,
+        score_threshold: float | None = None,
     ) -> dict[str, list[Document]]:
-        """:meth:`run` in a worker thread, for ``AsyncPipeline``."""
-        return await asyncio.to_thread(self.run, query, documents, top_k, query_embedding)
+        """:meth:`run` in a worker thread, for ``Pipeline.run_async``."""
+        return await asyncio.to_thread(self.run, query, documents, top_k, query_embedding, score_threshold)
 
