@@ -8,6 +8,7 @@ import json
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -53,7 +54,9 @@ def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
             server.cleanup()
         shutil.rmtree(root, ignore_errors=True)
         if is_root and not _other_servers_running(root.parent):  # they need the modes and the user still
-            _MODES_FILE.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                if _private_modes_file() is not None:
+                    _MODES_FILE.unlink(missing_ok=True)
             for p, mode in modes.items():
                 with contextlib.suppress(OSError):
                     if p.stat().st_mode != mode:
@@ -65,19 +68,46 @@ def local_server(folder: str | os.PathLike[str] | None = None) -> Iterator[str]:
 
 
 #: The folder modes seen before the first of several overlapping local servers opened them (as root).
-_MODES_FILE = Path(tempfile.gettempdir()) / "normrank-pg-modes.json"
+#: In a folder only this user can write: it was a fixed name in the world-writable temp folder, so any
+#: local user could plant the modes root then set on ``/`` (or a symlink root then wrote through).
+_MODES_DIR = Path.home() / ".cache" / "normrank"
+_MODES_FILE = _MODES_DIR / "pg-modes.json"
+
+
+def _private_modes_file() -> Path | None:
+    """:data:`_MODES_FILE` when its folder is this user's and writable by nobody else, else ``None``."""
+    try:
+        _MODES_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = os.lstat(_MODES_DIR)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    return _MODES_FILE
 
 
 def _first_modes(mine: dict[Path, int], parent: Path) -> dict[Path, int]:
     """The modes to restore when the last running server stops: those seen before the first one started.
     A server started while another ran saw the folders already opened (755), and restored that."""
+    path = _private_modes_file()
+    if path is None:
+        return mine
     if _other_servers_running(parent):
-        with contextlib.suppress(OSError, ValueError, TypeError):
-            saved = {Path(k): int(v) for k, v in json.loads(_MODES_FILE.read_text()).items()}
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+                    return mine
+                saved = {Path(k): int(v) for k, v in json.loads(fh.read(1 << 20)).items()}
             return {p: saved.get(p, m) for p, m in mine.items()}
         return mine
     with contextlib.suppress(OSError):
-        _MODES_FILE.write_text(json.dumps({str(p): m for p, m in mine.items()}))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps({str(p): m for p, m in mine.items()}))
+        os.replace(tmp, path)
     return mine
 
 
@@ -89,6 +119,8 @@ def _other_servers_running(parent: Path) -> bool:
     for folder in {parent, Path(tempfile.gettempdir())}:
         for pid_file in folder.glob("normrank-pg-*/pgdata/postmaster.pid"):
             with contextlib.suppress(OSError, ValueError, IndexError):
+                if os.lstat(pid_file.parent.parent).st_uid != os.geteuid():
+                    continue  # not a server of ours: anyone can make a folder by that name in /tmp
                 pid = int(pid_file.read_text().split()[0])
                 os.kill(pid, 0)  # raises if no such process
                 return True

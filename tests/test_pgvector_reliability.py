@@ -8,10 +8,13 @@ unchanged after every refused call.
 
 from __future__ import annotations
 
+import json
 import os
+import tempfile
 import threading
 import traceback
 import uuid
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -661,3 +664,42 @@ def test_an_upsert_is_seen_whole_by_other_connections(pg_dsn, table):
         assert _dump(pg_dsn, table)[0] == before and len(check) == 8
     finally:
         check.close()
+
+
+def test_the_local_server_helper_trusts_no_file_another_user_can_write(tmp_path, monkeypatch):
+    """Security review: as root, ``local_server`` kept folder modes in ``/tmp/normrank-pg-modes.json`` (a fixed
+    name in a world-writable folder), read them when a ``postmaster.pid`` anywhere in ``/tmp`` named a live pid,
+    and chmod-ed the folders listed there on stop; its first write followed a planted symlink."""
+    from normrank import pg_local
+
+    if os.geteuid() != 0:
+        pytest.skip("the helper only records modes as root")
+    nobody = 65534
+    fake_tmp = tmp_path / "tmp"
+    fake_tmp.mkdir()
+    fake_tmp.chmod(0o1777)
+    fake = fake_tmp / "normrank-pg-fake" / "pgdata"
+    fake.mkdir(parents=True)
+    (fake / "postmaster.pid").write_text("1\n")  # a live pid
+    for p in (fake.parent, fake, fake / "postmaster.pid"):
+        os.chown(p, nobody, nobody)
+    assert not pg_local._other_servers_running(fake_tmp)  # another user's folder is not a server of ours
+    assert pg_local._MODES_FILE.parent != Path(tempfile.gettempdir())
+    # the record lives in a folder only this user writes; a group/world-writable one is not used at all
+    open_dir = tmp_path / "shared"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setattr(pg_local, "_MODES_DIR", open_dir)
+    monkeypatch.setattr(pg_local, "_MODES_FILE", open_dir / "pg-modes.json")
+    mine = {tmp_path: 0o40755}
+    assert pg_local._first_modes(mine, tmp_path) == mine and not (open_dir / "pg-modes.json").exists()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    victim = tmp_path / "victim.conf"
+    victim.write_text("root's own config\n")
+    os.symlink(victim, private / "pg-modes.json")  # a link there is replaced, never written through
+    monkeypatch.setattr(pg_local, "_MODES_DIR", private)
+    monkeypatch.setattr(pg_local, "_MODES_FILE", private / "pg-modes.json")
+    pg_local._first_modes(mine, tmp_path)
+    assert victim.read_text() == "root's own config\n"
+    assert json.loads((private / "pg-modes.json").read_text()) == {str(tmp_path): 0o40755}
