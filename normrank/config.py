@@ -34,7 +34,10 @@ from normrank.scoring import MAX_WEIGHT
 
 class _Section(BaseModel):
     # allow_inf_nan: a NaN or infinite weight loaded fine and failed at the first query, naming no key
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # hide_input_in_errors: pydantic's own ValidationError (NormRankConfig(...) in Python) echoed the store
+    # dict, DSN password and all; ConfigError shows the input itself, masked (_got)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,
+                              hide_input_in_errors=True)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -22,11 +22,12 @@ INSTALL_HINT = "pip install 'normrank[pgvector]'"
 MASK = "***"
 
 # ``scheme://user:PASSWORD@host``: everything between the user's ':' and the last '@' of the token.
-_URI_SECRET = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#\s'\"]*:)(?P<secret>[^\s'\"]*)@")
-# ``password=VALUE`` (keyword form, or a URI query parameter), quoted or not. Unquoted, the value
+# The password may hold quotes (libpq takes them as they are): masking runs to the token's last '@'.
+_URI_SECRET = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/@?#\s'\"]*:)(?P<secret>[^\s]*)@")
+# ``password=VALUE`` or ``sslpassword=VALUE`` (keyword form, or a URI query parameter), quoted or not. Unquoted, the value
 # runs to the next ``keyword=`` (or '&'): a password with a stray space (``password=my secret``) is
 # malformed, and libpq quotes its second word back in the error.
-_KEY_SECRET = re.compile(r"(?P<head>\b(?:password|passwd|pass|pwd)\s*=\s*)"
+_KEY_SECRET = re.compile(r"(?P<head>\b(?:\w*password|passwd|pass|pwd)\s*=\s*)"  # sslpassword too
                          r"(?P<secret>'(?:[^'\\]|\\.)*'|\"[^\"]*\"|(?:(?!\s+\w+\s*=)[^&\s]|\s(?!\s*\w+\s*=))+)",
                          re.IGNORECASE)
 # A password is also masked piece by piece (libpq may echo only the part after a stray space or '@');

