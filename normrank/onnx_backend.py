@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import uuid
 import warnings
@@ -109,7 +110,16 @@ def load(model: Any, backend: str, weights_key: str, threads: int) -> OnnxTransf
     ort = _import_runtime(backend)
     transformer, hf = _transformer_of(model)
     names = _input_names(model, hf)
-    folder = _folder(weights_key)
+    folder, temporary = _folder(weights_key)
+    try:
+        return _session(ort, model, transformer, hf, names, backend, folder, threads)
+    finally:
+        if temporary:  # the session holds the model in memory; an 87 MB folder per process was left in /tmp
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _session(ort: Any, model: Any, transformer: Any, hf: Any, names: list[str], backend: str, folder: Path,
+             threads: int) -> OnnxTransformer:
     for attempt in (0, 1):
         path = _model_file(model, hf, names, backend, folder, fresh=attempt == 1)
         options = ort.SessionOptions()
@@ -162,7 +172,8 @@ def _input_names(model: Any, hf: Any) -> list[str]:
     return names
 
 
-def _folder(weights_key: str) -> Path:
+def _folder(weights_key: str) -> tuple[Path, bool]:
+    """The cache folder of this model's exports, and whether it is a temporary one (the cache is not writable)."""
     key = hashlib.sha256(f"{weights_key}|export={EXPORT_VERSION}|opset={OPSET}".encode()).hexdigest()[:20]
     folder = cache_root() / key
     try:
@@ -170,12 +181,12 @@ def _folder(weights_key: str) -> Path:
         probe = folder / f".write-{uuid.uuid4().hex}"
         probe.touch()
         probe.unlink()
-        return folder
+        return folder, False
     except OSError as exc:
         tmp = Path(tempfile.mkdtemp(prefix="normrank-onnx-"))
-        logger.warning("cannot write the ONNX cache at %s (%s); exporting into %s for this process only "
-                       "(set NORMRANK_CACHE to a writable folder)", folder, exc, tmp)
-        return tmp
+        logger.warning("cannot write the ONNX cache at %s (%s); exporting into %s, removed once loaded "
+                       "(set NORMRANK_CACHE to a writable folder, or every process exports again)", folder, exc, tmp)
+        return tmp, True
 
 
 def _model_file(model: Any, hf: Any, names: list[str], backend: str, folder: Path, *, fresh: bool) -> Path:
