@@ -143,12 +143,19 @@ def _values(name: str, value: Any, where: str, allow_nul: bool) -> Any:
     return check_metadata({name: value}, where, allow_nul=allow_nul)[name]
 
 
-def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
+#: Deepest nesting of ``$and`` / ``$or`` / ``$not`` a filter may have (as nested metadata values): a
+#: filter from a web request nested 200 deep raised a bare ``RecursionError``, which apps serve as a 500.
+MAX_FILTER_DEPTH = 32
+
+
+def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool, depth: int = 0) -> Predicate:
+    if depth > MAX_FILTER_DEPTH:
+        raise InvalidArgumentError(f"filter: $and, $or and $not are nested more than {MAX_FILTER_DEPTH} deep")
     parts: list[Predicate] = []
     for key, want in flt.items():
         _key(key, where)
         if _is_operator_key(key):
-            parts.append(_logical(key, want, where, allow_nul))
+            parts.append(_logical(key, want, where, allow_nul, depth))
         elif _is_operator_dict(want):
             parts.append(_field(key, want, f"{where}[{key!r}]", allow_nul))
         else:
@@ -157,16 +164,16 @@ def _compile(flt: Mapping[str, Any], where: str, allow_nul: bool) -> Predicate:
     return lambda m: all(p(m) for p in parts)
 
 
-def _logical(op: str, arg: Any, where: str, allow_nul: bool) -> Predicate:
+def _logical(op: str, arg: Any, where: str, allow_nul: bool, depth: int) -> Predicate:
     if op == "$not":
         if not isinstance(arg, Mapping) or not arg:
             raise InvalidArgumentError(f"{where}: $not takes a non-empty filter dict, got {arg!r}")
-        inner = _compile(arg, f"{where}.$not", allow_nul)
+        inner = _compile(arg, f"{where}.$not", allow_nul, depth + 1)
         return lambda m: not inner(m)
     if op in ("$and", "$or"):
         if not isinstance(arg, (list, tuple)) or not arg or not all(isinstance(f, Mapping) and f for f in arg):
             raise InvalidArgumentError(f"{where}: {op} takes a non-empty list of non-empty filter dicts, got {arg!r}")
-        subs = [_compile(f, f"{where}.{op}[{i}]", allow_nul) for i, f in enumerate(arg)]
+        subs = [_compile(f, f"{where}.{op}[{i}]", allow_nul, depth + 1) for i, f in enumerate(arg)]
         if op == "$and":
             return lambda m: all(s(m) for s in subs)
         return lambda m: any(s(m) for s in subs)

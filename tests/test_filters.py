@@ -6,6 +6,7 @@ hand in Python, so the operators are checked against what they mean, not against
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -122,6 +123,9 @@ def test_nan_and_infinity_in_a_filter_are_named(corpus, flt):
     ({"$not": [{"n": 1}]}, "\\$not takes a non-empty filter dict"),
     ({1: "x"}, "keys must be strings"),
     ("topic=cs", "filter must be a dict or a callable"),
+    # from a web request: nested operators raised a bare RecursionError (a security review)
+    (json.loads('{"$not": ' * 400 + '{"n": 1}' + '}' * 400), "nested more than 32 deep"),
+    (json.loads('{"$and": [' * 200 + '{"n": 1}' + ']}' * 200), "nested more than 32 deep"),
 ])
 def test_bad_filters_are_named_before_any_work(corpus, flt, words):
     index, ids, _, queries = corpus

@@ -418,6 +418,15 @@ def test_top_k_is_exact_among_filter_matches(store):
     assert got == matches[:3]
 
 
+def test_filters_nested_too_deep_are_named(store):
+    """300 levels of nested MetadataFilters raised a bare RecursionError."""
+    flt = MetadataFilters(filters=[MetadataFilter(key="topic", value="x")])
+    for _ in range(300):
+        flt = MetadataFilters(filters=[flt])
+    with pytest.raises(InvalidArgumentError, match="nested more than 32 deep"):
+        store.query(VectorStoreQuery(query_str="anything", similarity_top_k=2, filters=flt))
+
+
 def test_filter_values_that_mean_nothing_are_refused(store):
     for bad in (_f("topic", "med", FilterOperator.IN), _f("tags", ["a"], FilterOperator.CONTAINS),
                 _f("title", 3, FilterOperator.TEXT_MATCH), _f("year", ["x"], FilterOperator.GT)):

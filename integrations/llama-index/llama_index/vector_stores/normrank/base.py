@@ -76,6 +76,7 @@ from normrank.errors import (
     UnitNormError,
     UnknownIdError,
 )
+from normrank.filters import MAX_FILTER_DEPTH
 from normrank.index_base import held_documents, search_up_to, upsert_vectors
 from normrank.mmr import check_lambda, mmr_select
 from normrank.scoring import Hit
@@ -182,7 +183,7 @@ def _hashable_in(have: Any, want: list[Any]) -> bool:
     return have in want
 
 
-def metadata_filter(filters: MetadataFilters | None) -> Predicate | None:
+def metadata_filter(filters: MetadataFilters | None, _depth: int = 0) -> Predicate | None:
     """A predicate over stored metadata that applies LlamaIndex ``MetadataFilters``.
 
     Every ``FilterOperator`` is supported; ``condition`` may be ``and``, ``or`` or ``not`` (none of
@@ -199,10 +200,12 @@ def metadata_filter(filters: MetadataFilters | None) -> Predicate | None:
     if not isinstance(filters, MetadataFilters):
         raise InvalidArgumentError(
             f"filters must be llama_index MetadataFilters, got {type(filters).__name__}")
+    if _depth > MAX_FILTER_DEPTH:  # a RecursionError, which an app serves as a 500, not as a bad request
+        raise InvalidArgumentError(f"filters: MetadataFilters are nested more than {MAX_FILTER_DEPTH} deep")
     parts: list[Predicate] = []
     for f in filters.filters:
         if isinstance(f, MetadataFilters):
-            sub = metadata_filter(f)
+            sub = metadata_filter(f, _depth + 1)
             parts.append(sub if sub is not None else (lambda m: True))
         elif isinstance(f, MetadataFilter):
             _check_filter(f)
