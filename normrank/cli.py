@@ -656,15 +656,22 @@ def cmd_recalibrate(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ eval
 def _resolve_collection(name: str, data: str | None) -> str:
     """A BEIR folder as given, else the collection of that name under ``--data`` / ``$NORMRANK_DATA`` /
-    ``../shared/data``; a folder that exists nowhere is passed on for the loader to name."""
-    from normrank.datasets import default_data_dir
+    ``../shared/data``; a folder that exists nowhere is passed on for the loader to name.
 
-    if Path(name).is_dir():
-        return name
+    A bare name (no ``/``) under a data folder the user named (``--data``, ``$NORMRANK_DATA``) is read from
+    there even when the working folder has a folder of that name: ``--data`` was ignored then, and nothing
+    said which of the two was read."""
+    from normrank.datasets import DATA_ENV, default_data_dir
+
     root = Path(data) if data else default_data_dir()
+    named = bool(data) or bool(os.environ.get(DATA_ENV))
+    bare = "/" not in name and os.sep not in name and name not in (".", "..") and not name.startswith("~")
+    if named and bare and root is not None and (root / name).is_dir():
+        return str(root / name)
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser())
     if root is not None and (root / name).is_dir():
         return str(root / name)
-    from normrank.datasets import DATA_ENV
     from normrank.errors import DatasetError
 
     where = ("--data" if data else f"${DATA_ENV}" if os.environ.get(DATA_ENV) else "../shared/data")

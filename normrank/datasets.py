@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import zlib
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from normrank.errors import DatasetError
+
+logger = logging.getLogger(__name__)
 
 DATA_ENV = "NORMRANK_DATA"
 
@@ -183,7 +186,8 @@ def read_queries(path: str | os.PathLike[str]) -> dict[str, str]:
 
 def available_splits(path: str | os.PathLike[str]) -> list[str]:
     q = Path(path) / "qrels"
-    return sorted(p.stem for p in q.glob("*.tsv")) if q.is_dir() else []
+    # hidden files are not splits: macOS leaves "._dev.tsv" beside "dev.tsv" on foreign disks and archives
+    return sorted(p.stem for p in q.glob("*.tsv") if not p.name.startswith(".")) if q.is_dir() else []
 
 
 #: Largest qrels grade magnitude accepted (read from files here, checked again by ``fitting.check_qrels``):
@@ -222,6 +226,11 @@ def add_judgment(qrels: dict[str, dict[str, int]], seen: dict[tuple[str, str], i
     qrels.setdefault(q, {})[d] = grade
 
 
+#: Grades above this in a qrels file get a warning (BEIR and TREC grades run 0-4; a document id read as a
+#: grade does not).
+TYPICAL_MAX_GRADE = 10
+
+
 def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
     """The judgments of a qrels file, for ``eval`` and ``fit`` alike.
 
@@ -242,6 +251,7 @@ def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
     except UnicodeDecodeError as exc:
         raise DatasetError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     first = True
+    four_as_beir = 0  # tab-separated lines of four fields read as BEIR's (the second field not 0 or Q0)
     for no, line in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         tabs = "\t" in line
         row = [f.strip() for f in line.split("\t")] if tabs else line.split()
@@ -255,11 +265,19 @@ def read_qrels_file(path: str | os.PathLike[str]) -> dict[str, dict[str, int]]:
         # 2, where others put 0); with tabs only 0 or Q0 second, as BEIR lines may carry a fourth column.
         if len(row) == 4 and (not tabs or row[1] in ("0", "Q0")):
             row = [row[0], row[2], row[3]]
+        elif len(row) == 4:
+            four_as_beir += 1
         if len(row) < 3 or not row[0] or not row[1]:
             raise DatasetError(f"{path}:{no} needs query-id, corpus-id and score, got {line!r}")
         add_judgment(qrels, seen, row[0], row[1], qrels_grade(row[2], path, no), path, no)
     if not qrels:
         raise DatasetError(f"{path} holds no judgments")
+    top = max(abs(g) for docs in qrels.values() for g in docs.values())
+    if top > TYPICAL_MAX_GRADE:  # a grade like 184 is a document id read as a grade, far more often than not
+        logger.warning("%s: relevance grades reach %d, where graded qrels usually run 0-4%s", path, top,
+                       f"; {four_as_beir} tab-separated lines of four fields were read as BEIR's 'query-id "
+                       "corpus-id score extra' (TREC's 'qid iter docid rel' has 0 or Q0 second): check the "
+                       "columns" if four_as_beir else "")
     return qrels
 
 
@@ -267,11 +285,14 @@ def load_qrels(path: Path, corpus: dict[str, Document], queries: dict[str, str])
     qrels = read_qrels_file(path)
     bad_q = [q for q in qrels if q not in queries]
     bad_d = sorted({d for docs in qrels.values() for d in docs if d not in corpus})
+    if not corpus:
+        raise DatasetError(f"the corpus of {path.parent.parent} holds no documents")
+    if not queries:
+        raise DatasetError(f"the queries file of {path.parent.parent} holds no queries")
     if bad_q or bad_d:
-        raise DatasetError(
-            f"{path} names ids the collection lacks: {len(bad_q)} queries (e.g. {bad_q[:3]}), "
-            f"{len(bad_d)} documents (e.g. {bad_d[:3]})"
-        )
+        parts = ([f"{len(bad_q)} queries (e.g. {bad_q[:3]})"] if bad_q else []) + (
+            [f"{len(bad_d)} documents (e.g. {bad_d[:3]})"] if bad_d else [])
+        raise DatasetError(f"{path} names ids the collection lacks: {', '.join(parts)}")
     return qrels
 
 
@@ -297,4 +318,4 @@ def load_beir(path: str | os.PathLike[str], split: str = "test") -> BeirDataset:
     if split not in splits:
         raise DatasetError(f"{folder} has no qrels/{split}.tsv; available splits: {splits or 'none'}")
     qrels = load_qrels(folder / "qrels" / f"{split}.tsv", corpus, queries)
-    return BeirDataset(folder.name, corpus, queries, qrels, split)
+    return BeirDataset(folder.resolve().name or str(folder), corpus, queries, qrels, split)  # "." has no name

@@ -862,4 +862,9 @@ def _check_tokenizer(model: Any, name: str) -> None:
 
 
 def _looks_like_path(name: str) -> bool:
-    return name.startswith((".", "/", "~")) or os.sep in name and not name.count("/") == 1
+    """A local path rather than a hub name (``org/model``): it starts like one, has more than one ``/``, or
+    its first part is a folder here (``models/nope`` beside a ``models`` folder went to the hub, which
+    answered, after a network timeout, that it could not connect)."""
+    if name.startswith((".", "/", "~")) or os.sep in name and not name.count("/") == 1:
+        return True
+    return "/" in name and Path(name.split("/", 1)[0]).is_dir()

@@ -410,6 +410,7 @@ def evaluate(path: str | os.PathLike[str], *, split: str | None = None, train_sp
     per = {name: scores(qrels, run, qids) for name, run in runs.items()}
     out: dict[str, Any] = {
         "dataset": coll.name,
+        "path": str(Path(path).resolve()),  # which folder of that name was read
         "n_queries": len(qids),
         "split": protocol.split,
         "protocol": protocol.name,
@@ -450,15 +451,19 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
+def _left_out(result: Mapping[str, Any]) -> str:
+    """What the evaluation left out of the collection, for the report's first line."""
+    return ((f", {result['skipped_empty_docs']} empty documents skipped" if result.get("skipped_empty_docs") else "")
+            + (f", {result['skipped_empty_queries']} judged queries without text left out"
+               if result.get("skipped_empty_queries") else "")
+            + (f", {result['queries_without_relevant']} judged queries with no relevant document (all grades "
+               "<= 0) left out" if result.get("queries_without_relevant") else ""))
+
+
 def format_report(result: Mapping[str, Any]) -> str:
     """The human-readable table ``normrank eval`` prints without ``--json``."""
     lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
-             f"{result['n_docs']} documents"
-             + (f", {result['skipped_empty_docs']} empty documents skipped" if result["skipped_empty_docs"] else "")
-             + (f", {result['skipped_empty_queries']} judged queries without text left out"
-                if result.get("skipped_empty_queries") else "")
-             + (f", {result['queries_without_relevant']} judged queries with no relevant document (all grades "
-                "<= 0) left out" if result.get("queries_without_relevant") else ""),
+             f"{result['n_docs']} documents" + _left_out(result),
              "",
              f"  {'run':<10} {'nDCG@10':>8} {'R@100':>8} {'p(nDCG) vs cos':>15} {'up/down':>9}"]
     for name, m in result["runs"].items():
@@ -543,15 +548,17 @@ def evaluate_models(path: str | os.PathLike[str], models: Sequence[str | os.Path
 def combine(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per-model results of one collection as the side-by-side object (see :func:`evaluate_models`)."""
     first = results[0]
-    return _json_safe({"dataset": first["dataset"], "n_queries": first["n_queries"], "split": first["split"],
-                       "protocol": first["protocol"], "n_docs": first["n_docs"], "models": list(results),
+    left_out = ("skipped_empty_docs", "skipped_empty_queries", "queries_without_relevant")
+    return _json_safe({"dataset": first["dataset"], "path": first.get("path"), "n_queries": first["n_queries"],
+                       "split": first["split"], "protocol": first["protocol"], "n_docs": first["n_docs"],
+                       **{k: first.get(k, 0) for k in left_out}, "models": list(results),
                        "summary": [summary_row(r) for r in results]})
 
 
 def format_models(result: Mapping[str, Any]) -> str:
     """The side-by-side table of :func:`evaluate_models`, then each model's fit and verdict."""
     lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
-             f"{result['n_docs']} documents; nDCG@10 per model",
+             f"{result['n_docs']} documents{_left_out(result)}; nDCG@10 per model",
              "",
              f"  {'model':<24} {'dim':>4} {'cosine':>7} {'BM25':>7} {'raw dot':>7} {'normrank':>8} {'gain':>8} "
              f"{'p':>7} {'up/down':>9}  fit"]

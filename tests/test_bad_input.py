@@ -505,7 +505,7 @@ def _beir(folder: Path, qrels_rows: list[str]) -> Path:
 def test_load_beir_with_qrels_naming_unknown_ids(tmp_path):
     good = load_beir(_beir(tmp_path / "good", ["q1\td1\t1"]))
     assert good.qrels == {"q1": {"d1": 1}}
-    with pytest.raises(DatasetError, match=r"names ids the collection lacks: 0 queries .*1 documents \(e.g. \['d9'\]\)"):
+    with pytest.raises(DatasetError, match=r"names ids the collection lacks: 1 documents \(e.g. \['d9'\]\)$"):
         load_beir(_beir(tmp_path / "bad_doc", ["q1\td1\t1", "q1\td9\t1"]))
     with pytest.raises(DatasetError, match=r"names ids the collection lacks: 1 queries \(e.g. \['q7'\]\)"):
         load_beir(_beir(tmp_path / "bad_query", ["q7\td1\t1"]))

@@ -102,3 +102,33 @@ def test_a_truncated_gzip_is_a_dataset_error(tmp_path):
     path.write_bytes(b"not gzip at all")
     with pytest.raises(DatasetError, match="truncated or corrupt gzip"):
         read_jsonl(path)
+
+
+def test_hidden_qrels_files_are_not_splits_and_an_empty_corpus_is_named(tmp_path):
+    """A researcher's hunt: macOS's "._dev.tsv" beside "dev.tsv" was a split of its own, so a folder with only a
+    dev split asked for --split; an empty corpus was reported as "names ids the collection lacks: 0 queries"."""
+    from normrank.datasets import available_splits
+
+    root = _write_beir(tmp_path / "mac")
+    (root / "qrels" / "test.tsv").rename(root / "qrels" / "dev.tsv")
+    (root / "qrels" / "._dev.tsv").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    assert available_splits(root) == ["dev"]
+    assert load_beir(root, "dev").qrels == {"q1": {"d1": 1}}
+    empty = _write_beir(tmp_path / "empty")
+    (empty / "corpus.jsonl").write_text("")
+    with pytest.raises(DatasetError, match="holds no documents"):
+        load_beir(empty)
+
+
+def test_grades_far_beyond_the_usual_range_are_warned_about(tmp_path, caplog):
+    """TREC qrels with tabs and an iteration of 1 read as BEIR's: document '1' graded 184, silently."""
+    from normrank.datasets import read_qrels_file
+
+    root = _write_beir(tmp_path / "trec", qrels="q1\t1\t2\textra\n")
+    with caplog.at_level("WARNING", logger="normrank.datasets"):
+        assert read_qrels_file(root / "qrels" / "test.tsv") == {"q1": {"1": 2}}
+    assert "relevance grades reach" not in caplog.text
+    (root / "qrels" / "test.tsv").write_text("q1\t1\t184\t3\n")
+    with caplog.at_level("WARNING", logger="normrank.datasets"):
+        assert read_qrels_file(root / "qrels" / "test.tsv") == {"q1": {"1": 184}}
+    assert "relevance grades reach 184" in caplog.text and "check the columns" in caplog.text

@@ -172,3 +172,72 @@ def test_model_names_of_the_benchmark_scripts(tiny_model):
     assert models.suffixed("quality.md", "") == "quality.md"
     with pytest.raises(SystemExit, match="neither minilm, mpnet nor a model folder"):
         models.resolve("/no/such/model")
+
+
+def _variant(src: Path, dst: Path, n_queries: int, *, extras: bool = False) -> Path:
+    """A copy of ``src`` judging only its first ``n_queries`` queries; ``extras`` adds an empty document and a
+    query judged only with grade 0 (both left out of the evaluation, which the report must say)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    lines = (src / "qrels" / "test.tsv").read_text().splitlines()
+    rows = lines[1:n_queries + 1]
+    if extras:
+        with (dst / "corpus.jsonl").open("a") as fh:
+            fh.write(json.dumps({"_id": "empty-doc", "text": ""}) + "\n")
+        rows.append(f"{lines[-1].split()[0]}\t{lines[-1].split()[1]}\t0")
+    (dst / "qrels" / "test.tsv").write_text("\n".join([lines[0], *rows]) + "\n")
+    return dst
+
+
+def test_a_named_data_folder_wins_over_a_same_named_folder_here(demo_beir, tmp_path, capsys, monkeypatch, encoder):
+    """A researcher's hunt: `eval mycoll --data DIR` read ./mycoll when the working folder had one, and the
+    report did not say which folder it read."""
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "data"
+    _variant(demo_beir, data / "mycoll", 48)
+    here = tmp_path / "here"
+    _variant(demo_beir, here / "mycoll", 20)
+    monkeypatch.chdir(here)
+    monkeypatch.delenv("NORMRANK_DATA", raising=False)
+    argv = ["eval", "mycoll", "--folds", "3", "--json", "--no-progress"]
+    assert main([*argv, "--data", str(data)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_queries"] == 48 and res["path"] == str((data / "mycoll").resolve())
+    monkeypatch.setenv("NORMRANK_DATA", str(data))
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["n_queries"] == 48
+    monkeypatch.delenv("NORMRANK_DATA")
+    monkeypatch.setattr("normrank.datasets.default_data_dir", lambda: None)
+    assert main(argv) == 0  # no data folder named: the folder here, as given
+    res = json.loads(capsys.readouterr().out)
+    assert res["n_queries"] == 20 and res["path"] == str((here / "mycoll").resolve())
+    assert main(["eval", "./mycoll", "--data", str(data), "--folds", "3", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_queries"] == 20  # a path is a path
+    monkeypatch.chdir(here / "mycoll")
+    assert main(["eval", ".", "--folds", "3", "--json", "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset"] == "mycoll"  # "." was shown as an empty name
+
+
+def test_the_side_by_side_report_says_what_was_left_out(demo_beir, tiny_model, tmp_path, capsys, monkeypatch,
+                                                        encoder):
+    from normrank.encoders import default_model_path
+
+    monkeypatch.setenv("NORMRANK_CACHE", str(tmp_path / "cache"))
+    coll = _variant(demo_beir, tmp_path / "coll", 47, extras=True)
+    argv = ["eval", str(coll), "--model", str(default_model_path()), "--model", str(tiny_model),
+            "--folds", "3", "--no-progress"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "1 empty documents skipped" in first and "1 judged queries with no relevant document" in first
+    assert main([*argv, "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert (res["skipped_empty_docs"], res["queries_without_relevant"]) == (1, 1)
+
+
+def test_a_relative_model_path_that_does_not_exist_is_named_at_once(demo_beir, tmp_path, capsys, monkeypatch):
+    """`--model models/nope` beside a `models` folder was looked up on the model hub ("couldn't connect")."""
+    (tmp_path / "models").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", str(demo_beir), "--model", "models/nope", "--folds", "3"]) == 1
+    assert "model path 'models/nope' does not exist" in capsys.readouterr().err
