@@ -74,6 +74,7 @@ class TableState:
     column_key: tuple[Any, ...] | None
     encoder: dict[str, Any] | None
     adapter_state: dict[str, Any] = field(default_factory=dict)  # see NormIndex.adapter_state
+    added_since_calibration: int = 0  # see index_base.needs_recalibration
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +85,7 @@ class TableState:
             "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
             "column_key": list(self.column_key) if self.column_key else None, "version": self.version,
             "column_scale": COLUMN_SCALE, "encoder": self.encoder, "adapter_state": self.adapter_state,
+            "added_since_calibration": self.added_since_calibration,
         }
 
     @classmethod
@@ -104,6 +106,7 @@ class TableState:
         try:
             dim, count, version = (_whole(state, "dim", 1, MAX_DIM), _whole(state, "count", 0, 2**62),
                                    _whole(state, "version", 0, 2**62))
+            added = _whole({"added_since_calibration": 0, **state}, "added_since_calibration", 0, 2**62)  # older: none
             index_type = check_index_type(state["index_type"])
             hnsw_m, ef_construction, ef_search = (check_pg_option(k, state[k])
                                                   for k in ("hnsw_m", "ef_construction", "ef_search"))
@@ -127,7 +130,7 @@ class TableState:
             raise IndexFormatError(f"the state of table {table} could not be read: {detail}") from None
         return cls(dim, index_type, hnsw_m, ef_construction, ef_search, weights, calibrator, query_calibrator,
                    state["auto_calibrated"], count, version, tuple(key) if key else None,
-                   dict(encoder) if encoder else None, copy.deepcopy(dict(adapter_state)))
+                   dict(encoder) if encoder else None, copy.deepcopy(dict(adapter_state)), added)
 
 
 def _whole(state: Mapping[str, Any], name: str, low: int, high: int) -> int:

@@ -48,6 +48,7 @@ class PgWriteMixin:
 
     _names: TableNames
     _count: int
+    _added_since_calibration: int
     _dim: int | None
     _exists: bool
     _weights: Weights
@@ -152,7 +153,8 @@ class PgWriteMixin:
         elif mat.shape[1] != self._dim:
             raise DimensionMismatchError(
                 f"dimension mismatch: got vectors of dimension {mat.shape[1]}, expected {self._dim}")
-        if not self.calibrator.is_fitted:
+        fitted_now = not self.calibrator.is_fitted
+        if fitted_now:
             self.calibrator = NormCalibrator(self.calibrator.max_bins,
                                              self.calibrator.min_per_bin).fit(norms, counts)
         unit = mat / norms[:, None].astype(np.float32)
@@ -167,8 +169,10 @@ class PgWriteMixin:
                 cp.write_row((new_ids[j], aug[j], float(norms[j]), int(counts[j]), text_list[j],
                               Jsonb(metas[j])))
         self._count += n
+        self._added_since_calibration = 0 if fitted_now else self._added_since_calibration + n
         self._column_key = self._current_column_key()
-        if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted):
+        if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
+                               self._added_since_calibration):
             self._recalibrate(cur)
         elif first:
             self._create_vector_index(cur)
@@ -288,6 +292,7 @@ class PgWriteMixin:
         norms = np.array([r[0] for r in rows], dtype=np.float64)
         counts = np.array([r[1] for r in rows], dtype=np.int64)
         self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin).fit(norms, counts)
+        self._added_since_calibration = 0
         self._rewrite_column(cur)
 
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,

@@ -222,6 +222,9 @@ class NormIndex(BlendIndexBase):
         self._column_scale = COLUMN_SCALE
         self.calibrator = calibrator or NormCalibrator()
         self._auto_calibrated = calibrator is None or not calibrator.is_fitted
+        # documents added since the document calibration was fitted: an automatic one is refitted once as
+        # many have come as it was fitted on (needs_recalibration), also when deletes keep the count level
+        self._added_since_calibration = 0
         self.query_calibrator = query_calibrator
         self._docs = DocColumns()  # ids, texts, metadata, norms, counts and g(d) by internal id
         self._tombstones: set[int] = set()  # deleted but still in FAISS until the next compaction
@@ -325,10 +328,13 @@ class NormIndex(BlendIndexBase):
                 if fresh:
                     self._index = None
                 raise
+            fitted_now = calibrator is not self.calibrator
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
-            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted):
+            self._added_since_calibration = 0 if fitted_now else self._added_since_calibration + n
+            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
+                                   self._added_since_calibration):
                 self.recalibrate()  # rebuilds the index, and asks for huge pages for the new one
             else:
                 _huge_pages_for(self._index)
@@ -516,6 +522,7 @@ class NormIndex(BlendIndexBase):
             except BaseException:
                 self.calibrator = old  # _rebuild has put the old index back
                 raise
+            self._added_since_calibration = 0
 
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
                           token_counts: np.ndarray | None = None) -> NormCalibrator:
@@ -1073,6 +1080,7 @@ class NormIndex(BlendIndexBase):
                     "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction, "ef_search": self.ef_search,
                     "nlist": self.nlist, "nprobe": self.nprobe, "next": self._docs.next,
                     "weights": self._weights.to_dict(), "auto_calibrated": self._auto_calibrated,
+                    "added_since_calibration": self._added_since_calibration,
                     "calibrator": self.calibrator.to_dict(),
                     "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
                     "encoder": self._encoder.describe() if self._encoder is not None else None,
@@ -1171,6 +1179,7 @@ class NormIndex(BlendIndexBase):
                                   if state["query_calibrator"] else None),
             )
             index._auto_calibrated = state["auto_calibrated"]
+            index._added_since_calibration = state.get("added_since_calibration", 0)  # older saves: none
             index.adapter_state = copy.deepcopy(state.get("adapter_state") or {})  # older saves have none
             root = Path(path).resolve()
             if folder.parent.resolve() == root and folder.name != CURRENT:  # a copy without links: no version
@@ -1387,8 +1396,8 @@ def _check_state(state: Any, path: Any) -> None:
         raise IndexFormatError(f"the index at {path} has an invalid setting in state.json: {exc}") from None
     except KeyError as exc:
         raise IndexFormatError(f"the index at {path} has no {exc} in state.json") from None
-    for name in ("dim", "next"):
-        v = state.get(name)
+    for name in ("dim", "next", "added_since_calibration"):
+        v = state.get(name, 0 if name == "added_since_calibration" else None)
         if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "dim" else 0):
             raise IndexFormatError(f"the index at {path} has an invalid {name} {v!r} in state.json")
     scale = state.get("column_scale", 1.0)

@@ -691,8 +691,9 @@ def test_the_local_server_helper_trusts_no_file_another_user_can_write(tmp_path,
     (fake / "postmaster.pid").write_text("1\n")  # a live pid
     for p in (fake.parent, fake, fake / "postmaster.pid"):
         os.chown(p, nobody, nobody)
-    assert not pg_local._other_servers_running(fake_tmp)  # another user's folder is not a server of ours
     assert pg_local._MODES_FILE.parent != Path(tempfile.gettempdir())
+    monkeypatch.setattr(tempfile, "tempdir", str(fake_tmp))  # the session's own server runs in the real one
+    assert not pg_local._other_servers_running(fake_tmp)  # another user's folder is not a server of ours
     # the record lives in a folder only this user writes; a group/world-writable one is not used at all
     open_dir = tmp_path / "shared"
     open_dir.mkdir()
@@ -711,3 +712,28 @@ def test_the_local_server_helper_trusts_no_file_another_user_can_write(tmp_path,
     pg_local._first_modes(mine, tmp_path)
     assert victim.read_text() == "root's own config\n"
     assert json.loads((private / "pg-modes.json").read_text()) == {str(tmp_path): 0o40755}
+
+
+def test_an_automatic_calibration_follows_a_churning_table_across_handles(pg_dsn, table):
+    """As on FAISS: a table whose deletes kept pace with its adds kept the calibration of documents long gone.
+    The count of documents added since the fit lives in the table, so every writer's adds count."""
+    vecs, counts = synthetic(400, 16, seed=3)
+    one = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
+    one.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
+    two = PgVectorNormIndex(pg_dsn, table)
+    for r in range(4):
+        writer = one if r % 2 == 0 else two
+        v, c = synthetic(100, 16, seed=100 + r)
+        writer.delete([f"d{i}" for i in range(r * 100, (r + 1) * 100)])
+        writer.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+        if r < 3:
+            assert PgVectorNormIndex(pg_dsn, table)._added_since_calibration == 100 * (r + 1)
+    fresh = NormIndex(dim=16, weights=Weights(a=0.05))
+    for r in range(4):
+        v, c = synthetic(100, 16, seed=100 + r)
+        fresh.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+    reader = PgVectorNormIndex(pg_dsn, table)
+    assert reader.calibrator.n_fitted == 400 and reader._added_since_calibration == 0
+    for q in synthetic(10, 16, seed=999)[0]:
+        assert [(h.id, round(h.score, 5)) for h in reader.search(q, 10)] == \
+               [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]

@@ -856,3 +856,34 @@ def test_a_save_inside_another_index_version_is_refused_and_a_user_file_there_su
     assert note.read_text() == "mine"
     assert "which normrank did not write" in caplog.text
     assert NormIndex.load(outer).ids() == a.ids()
+
+
+# ------------------------------------------------------------------ an endurance hunt: a churning corpus
+
+def _turn_over(index, rounds: range, step: int) -> None:
+    """Replace ``step`` documents per round by ones whose norms are e^0.4 larger (round r: d{r*step}... out,
+    n{r}-* in)."""
+    for r in rounds:
+        v, c = synthetic(step, dim=DIM, seed=100 + r)
+        index.delete([f"d{i}" for i in range(r * step, (r + 1) * step)])
+        index.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(step)])
+
+
+def test_an_automatic_calibration_follows_a_corpus_that_turns_over_at_a_constant_size(tmp_path):
+    """The calibration was refitted only when the corpus doubled: replaced 100 at a time, a corpus kept the
+    one fitted on documents long gone, and every top-10 of 50 differed from a fresh index's."""
+    index, _, _ = make(n=400)
+    _turn_over(index, range(2), 100)
+    # a save and load in the middle must not lose count of what was added since the fit
+    index = NormIndex.load(index.save(tmp_path / "idx").parent)
+    assert index._added_since_calibration == 200
+    _turn_over(index, range(2, 4), 100)
+    assert index.calibrator.n_fitted == 400 and index._added_since_calibration == 0
+    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    for r in range(4):
+        v, c = synthetic(100, dim=DIM, seed=100 + r)
+        fresh.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+    assert sorted(index.ids()) == sorted(fresh.ids())
+    for q in synthetic(20, dim=DIM, seed=999)[0]:
+        assert [(h.id, round(h.score, 5)) for h in index.search(q, 10)] == \
+               [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
