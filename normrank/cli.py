@@ -870,7 +870,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"),
                    help="encoder backend (overrides the config's encoder.backend): onnx = torch's vectors on ONNX "
                    "Runtime, onnx-int8 = about 2.3x faster, norms move up to ~8%%; needs normrank[onnx]")
-    p.add_argument("--plot", metavar="PNG", help="also write a bar chart of nDCG@10 per model and run here")
+    p.add_argument("--plot", metavar="PNG", type=_png_path,
+                   help="also write a bar chart of nDCG@10 per model and run here (a .png; replaced if it exists)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval)
@@ -880,7 +881,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "calibration, the most and least specific documents, and a warning when the norm "
                        "carries no usable signal.")
     p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
-    p.add_argument("--plot", help="write a PNG with the distributions here")
+    p.add_argument("--plot", metavar="PNG", type=_png_path,
+                   help="write a PNG with the distributions here (replaced if it exists)")
     p.add_argument("--top", type=_positive_int, default=5, help="documents to list at each end (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_analyze)
@@ -906,6 +908,19 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
     return value
+
+
+def _png_path(text: str) -> str:
+    """A ``--plot`` file: a ``.png`` in a folder that exists, checked before any work (``--plot report.txt``
+    failed with matplotlib's "Format 'txt' is not supported" after the whole evaluation ran)."""
+    path = Path(text).expanduser()
+    if path.suffix.lower() != ".png":
+        raise argparse.ArgumentTypeError(f"{text!r} is not a .png file name")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"no such folder for {text!r}: {path.parent}")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder")
+    return str(path)
 
 
 def _positive_int(text: str) -> int:

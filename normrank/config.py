@@ -478,6 +478,8 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"configuration file {path} is not valid YAML: {' '.join(str(exc).split())[:300]}") from None
     except RecursionError:
         raise ConfigError(f"configuration file {path} is nested too deeply to be a normrank configuration") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits: Python refuses to read it
+        raise ConfigError(f"configuration file {path} holds a value YAML cannot read: {str(exc)[:200]}") from None
 
 
 def _resolve_paths(config: NormRankConfig, base: Path) -> None:

@@ -1044,6 +1044,7 @@ class NormIndex(BlendIndexBase):
         """
         if not isinstance(if_unchanged, bool):
             raise InvalidArgumentError(f"if_unchanged must be True or False, got {if_unchanged!r}")
+        path = _user_path(path)
         with self._lock:
             adapter_state = check_adapter_state(self.adapter_state)  # refused before anything is written
             if self._index is None:
@@ -1109,6 +1110,7 @@ class NormIndex(BlendIndexBase):
             A file is missing, truncated or altered (the message names it), the parts
             disagree with each other, or the format version is newer than this normrank.
         """
+        path = _user_path(path)
         # index.faiss and texts.utf8, the big files, are checksummed while they are parsed (reading_deferred's
         # ``deferred``): a load costs about one read_index instead of a hash pass plus a read. Two threads of
         # ours are busy (this one parsing, one for FAISS's read); each takes checksums when it is done.
@@ -1380,6 +1382,14 @@ def saved_state(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise IndexFormatError(f"the index at {path} has a state.json that is not valid JSON") from exc
     _check_state(state, path)
     return state
+
+
+def _user_path(path: str | os.PathLike[str]) -> Path:
+    """``path`` with a leading ``~`` read as the home folder, as a shell and the YAML config read it:
+    ``save("~/idx")`` made a folder named ``~`` in the working folder (which ``rm -rf ~`` then ...)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgumentError(f"path must be a string or a path, got {type(path).__name__}")
+    return Path(path).expanduser()
 
 
 def _check_state(state: Any, path: Any) -> None:

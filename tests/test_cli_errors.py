@@ -140,9 +140,9 @@ def test_an_os_error_on_an_output_file_is_one_line(tmp_path, capsys, encoder):
     capsys.readouterr()
     pytest.importorskip("matplotlib")
     png = tmp_path / "no-such-folder" / "plot.png"
-    assert main(["analyze", str(tmp_path / "idx"), "--plot", str(png)]) == 1
+    assert main(["analyze", str(tmp_path / "idx"), "--plot", str(png)]) == 2  # refused at the door now
     line = _one_error_line(capsys, "analyze")
-    assert "No such file or directory" in line and "plot.png" in line
+    assert "no such folder" in line and "plot.png" in line
 
 
 @pytest.mark.parametrize(("rows", "expected"), [
@@ -238,3 +238,14 @@ def test_folds_that_leave_a_fold_one_training_query_are_named(tmp_path, capsys, 
     line = _one_error_line(capsys, "eval")
     assert "3 judged queries in 2 folds leave 1 query to fit a fold on" in line and "more folds" in line
     assert main(["eval", str(root), "--folds", "3", "--no-progress"]) == 0  # 2 training queries per fold
+
+
+def test_a_plot_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
+    """`--plot report.txt` ran the whole evaluation, then failed in matplotlib ("Format 'txt' is not supported")."""
+    from normrank.cli import main
+
+    for bad, words in (("report.txt", "is not a .png file name"), (str(tmp_path / "nope" / "x.png"), "no such folder")):
+        for argv in (["eval", "anything", "--plot", bad], ["analyze", str(tmp_path), "--plot", bad]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert words in err and len(err.strip().splitlines()) == 1

@@ -53,6 +53,10 @@ def test_deep_and_non_utf8_yaml_are_config_errors(tmp_path):
     latin.write_bytes("store:\n  path: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"not UTF-8 text .* at byte 18"):
         load_config(latin)
+    huge = tmp_path / "huge.yaml"  # more digits than Python reads: a bare ValueError escaped
+    huge.write_text("store:\n  ef_search: " + "9" * 5000 + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="holds a value YAML cannot read"):
+        load_config(huge)
 
 
 def test_store_path_is_relative_to_the_file_not_the_working_folder(tmp_path, monkeypatch):

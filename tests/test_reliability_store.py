@@ -887,3 +887,14 @@ def test_an_automatic_calibration_follows_a_corpus_that_turns_over_at_a_constant
     for q in synthetic(20, dim=DIM, seed=999)[0]:
         assert [(h.id, round(h.score, 5)) for h in index.search(q, 10)] == \
                [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
+
+
+def test_a_tilde_path_is_the_home_folder_as_in_a_shell(tmp_path, monkeypatch):
+    """save("~/idx") made a folder named "~" in the working folder."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    index, _, _ = make(n=30)
+    index.save("~/idx")
+    assert (tmp_path / "home" / "idx" / "current").is_symlink() and not (tmp_path / "~").exists()
+    assert NormIndex.load("~/idx").ids() == index.ids()
