@@ -43,8 +43,10 @@ _SCALARS = (str, int, float, bool, type(None))
 class DocColumns:
     """Ids, texts, metadata, norms, token counts and g(d), indexed by internal id.
 
-    Internal ids are positions: they only grow (a deleted slot stays, empty, so FAISS ids
-    never need renumbering). The caller (the index) holds the lock; nothing here locks.
+    Internal ids are positions: a deleted slot stays, empty, until the index compacts FAISS and
+    :meth:`renumber` gives the live documents the ids ``0..n-1`` again (without it, a store whose
+    deletes kept pace with its adds held a slot for every document it ever had: +70 MB over a
+    million updates of a 10k corpus). The caller (the index) holds the lock; nothing here locks.
     """
 
     def __init__(self) -> None:
@@ -125,6 +127,28 @@ class DocColumns:
             if self._id_array is not None:
                 self._id_array[iid] = None
         self._live = None
+
+    def renumber(self) -> np.ndarray:
+        """Give the live documents the internal ids ``0..n-1``, in their order; returns the old ids
+        (ascending), so the caller renumbers FAISS alike. A no-op when no slot is empty."""
+        live = self.live()
+        n = int(live.size)
+        if n == self.next:
+            return live
+        rows = live.tolist()
+        self.ids = [self.ids[i] for i in rows]
+        self.texts = [self.texts[i] for i in rows]
+        self.metas = [self.metas[i] for i in rows]
+        cap = max(n, 64)
+        for name in ("norms", "counts", "g"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[:n] = old[live]
+            setattr(self, name, new)
+        self.alive = np.zeros(cap, dtype=bool)
+        self.alive[:n] = True
+        self._by_id, self._live, self._id_array, self._views = None, None, None, None
+        return live
 
     def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
         self.g[internal] = g

@@ -438,7 +438,19 @@ class NormIndex(BlendIndexBase):
         self._tombstones.clear()
         self._tombstone_array = None
         self._labels = None
+        if self.index_type == "flat":
+            self._renumber_flat()
         _huge_pages_for(self._index)
+
+    def _renumber_flat(self) -> None:
+        """After a compaction: FAISS keeps the live vectors in id order, so the live documents and FAISS's
+        ids become ``0..n-1`` together (see :meth:`DocColumns.renumber`). An index saved by a normrank
+        before this loads with its gaps, and searches map positions to ids (:meth:`_flat_parts`)."""
+        n = len(self._docs)
+        self._docs.renumber()
+        faiss.copy_array_to_vector(np.arange(n, dtype=np.int64), self._index.id_map)
+        self._index.construct_rev_map()
+        self._labels = None
 
     def _dead(self) -> np.ndarray:
         """The tombstoned internal ids as a sorted array, cached until the next delete or compaction."""
@@ -537,13 +549,15 @@ class NormIndex(BlendIndexBase):
         unit = self._index.reconstruct_batch(live)[:, : self._dim] if live.size else None
         norms, counts = self._docs.norms_counts(live)
         old_index, old_tombstones = self._index, set(self._tombstones)
+        renumbered = live.size < self._docs.next  # deleted slots: the rebuilt index numbers its documents 0..n-1
         try:  # on any failure the old index stays, so no document is lost
             self._index = None
             self._tombstones.clear()
             if live.size:
                 self._ensure_index(unit * norms[:, None].astype(np.float32), norms, counts, self.calibrator)
                 g = self._shaped_feature(self.calibrator, norms, counts)
-                self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)), live)
+                self._index.add_with_ids(self._augment(unit, doc_column(g, self._weights.mode)),
+                                         np.arange(live.size, dtype=np.int64) if renumbered else live)
             elif self.index_type == "ivf":
                 # emptied: keep the trained quantizer, empty. Without it the index could not save ("an IVF
                 # index that never held a document") and the folder kept the deleted documents.
@@ -554,6 +568,9 @@ class NormIndex(BlendIndexBase):
             raise
         self._labels = None
         _huge_pages_for(self._index)
+        if renumbered:
+            self._docs.renumber()
+            live = self._docs.live()
         self._docs.g[:] = 0.0
         if live.size:
             self._docs.set_g(live, g)

@@ -118,16 +118,23 @@ def test_one_query_in_any_form_gives_the_row_a_batch_gives(index_type, weights):
             same(index.search_arrays([q], 10), want)
 
 
-def test_one_query_after_a_compaction_and_on_a_thin_hnsw_graph():
-    """Positions that are no longer internal ids (after a compaction), and an HNSW walk that finds fewer
-    than k: that row is scored exactly over the live documents, so every path gives k hits alike."""
+def test_one_query_after_a_compaction_and_on_a_thin_hnsw_graph(tmp_path, monkeypatch):
+    """Positions that are not internal ids (an index saved with gaps, as normrank did before compactions
+    renumbered), and an HNSW walk that finds fewer than k: that row is scored exactly over the live
+    documents, so every path gives k hits alike."""
     index, qv, _ = build()
     index.delete([f"d{i}" for i in range(0, 400, 3)])
-    index._compact()  # deletes past the threshold compact on their own; here at once
+    with monkeypatch.context() as m:
+        m.setattr(NormIndex, "_renumber_flat", lambda self: None)  # the old compaction
+        index.save(tmp_path / "gaps")
+    index = NormIndex.load(tmp_path / "gaps")
     index.search(qv[0], 1)
     assert not index._positions_are_ids
     for q in qv[:4]:
         same(index.search_arrays([q], 10), index.search_batch([q], 10))
+    index.delete(["d1"])
+    index._compact()  # and a compaction renumbers it
+    assert index._docs.next == len(index) and index.search(qv[0], 1) and index._positions_are_ids
     vecs, counts = synthetic(30, dim=DIM, seed=3)
     thin = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type="hnsw", hnsw_m=4, ef_search=1)
     thin.add_vectors(vecs, counts, ids=[f"t{i}" for i in range(30)])

@@ -226,9 +226,12 @@ def test_single_searches_reuse_small_result_rows_and_never_keep_large_ones(built
         assert index._query_buf[1] == index._query_buf[6].shape[1] == kept
 
 
-def test_batches_after_a_compaction_map_positions_to_ids() -> None:
-    """Until a compaction FAISS's positions are the internal ids and searches skip the mapping; after one
-    they differ, and every path (single, small batch, sgemm batch, arrays) still returns the right ids."""
+@pytest.mark.parametrize("saved_with_gaps", [False, True])
+def test_batches_after_a_compaction_map_positions_to_ids(saved_with_gaps, tmp_path, monkeypatch) -> None:
+    """FAISS's positions are the internal ids, so searches skip the mapping; a compaction renumbers the live
+    documents 0..n-1 (it used to leave gaps: a slot per document ever added). An index saved with gaps (by a
+    normrank before that) maps positions to ids. Every path (single, small batch, sgemm batch, arrays)
+    returns the right ids either way."""
     raw, counts = _corpus(1200, seed=8)
     ids = [f"c{i}" for i in range(1200)]
     index = NormIndex(dim=DIM, weights=Weights(a=0.05))
@@ -237,11 +240,18 @@ def test_batches_after_a_compaction_map_positions_to_ids() -> None:
     index.search(queries[0], 5)
     assert index._positions_are_ids
     gone = [f"c{i}" for i in range(0, 1200, 3)]
-    index.delete(gone)
-    index._compact()  # deletes past the threshold compact on their own; here at once
+    if saved_with_gaps:
+        with monkeypatch.context() as m:
+            m.setattr(NormIndex, "_renumber_flat", lambda self: None)  # what compactions did before
+            index.delete(gone)  # past the threshold: compacts
+            index.save(tmp_path / "gaps")
+        index = NormIndex.load(tmp_path / "gaps")
+    else:
+        index.delete(gone)
+        index._compact()  # deletes past the threshold compact on their own; here at once
     keep = np.array([i % 3 != 0 for i in range(1200)])
     singles = [index.search(q, 10) for q in queries]
-    assert not index._positions_are_ids
+    assert index._positions_are_ids is not saved_with_gaps and index._docs.next == (1200 if saved_with_gaps else 800)
     small = index.search_batch(list(queries[:4]), 10)
     big = index.search_batch(list(queries), 10)
     arrays = index.search_arrays(list(queries), 10)
