@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from normrank._validation import (
-    UNIT_NORM_TOLERANCE,
     check_option,
     check_text,
     is_blank_text,

@@ -8,8 +8,8 @@ it was built with; one encoder shared by threads gives each thread its single-th
 from __future__ import annotations
 
 import logging
-import tempfile
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 

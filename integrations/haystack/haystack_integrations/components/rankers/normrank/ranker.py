@@ -18,13 +18,12 @@ from :meth:`NormRankRanker.calibrate`, or, with none, from each call's candidate
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
-
-import math
 
 import numpy as np
 from haystack import Document, component, default_from_dict, default_to_dict
