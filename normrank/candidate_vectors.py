@@ -190,9 +190,12 @@ def note_other_dimension(vector: Any, dim: int, owner: str) -> None:
 GIVEN_UNIT_TOLERANCE = 1e-2
 
 #: A caller's raw embedding is this encoder's when, against the encoder's own vector for the same text,
-#: the cosine is at least this and the norms differ by at most this share (half precision stays within both).
-SAME_MODEL_MIN_COSINE = 0.99
-SAME_MODEL_NORM_SHARE = 0.01
+#: the cosine is at least this and the norms differ by at most this share. Loose enough for the model's own
+#: numerics (onnx-int8 sets its quantisation scale per batch: one text's vector in two batches gave cosines
+#: down to 0.989 and norms 6.4% apart; half precision stays far within), tight enough for what it must catch
+#: (another model's raw vectors: cosines near 0; int8 integers: norms ~300 times larger).
+SAME_MODEL_MIN_COSINE = 0.95
+SAME_MODEL_NORM_SHARE = 0.10
 
 
 def _norm_of(vector: Sequence[float] | None, dim: int) -> float | None:
@@ -241,38 +244,45 @@ QUERIES_KEPT = 256
 class EmbeddingCheck:
     """Whether the raw embeddings a re-ranker's callers pass come from its own encoder's model.
 
-    The first raw document embedding a re-ranker gets is compared with the encoder's own vector for the
-    same text (one model call, once); later ones, and raw query embeddings, are compared whenever the
-    encoder's vector for the same text is at hand anyway (cached: free). On a mismatch the embeddings of
-    that kind are ignored from then on, and encoded again, with one warning: a wrong model upstream costs
-    model calls, not a ranking by another model's geometry.
+    Until one has matched, each call's first raw document embedding is compared with the encoder's own
+    vector for the same text (one model call, whose vector is then used and cached); once one has, only
+    embeddings whose text's own vector is at hand anyway (cached: free) are compared. Raw query embeddings
+    are compared whenever the re-ranker has encoded that query text before (free). A mismatch makes that
+    call encode its texts (or query) instead, with a warning (once): a wrong model upstream costs model
+    calls, not a ranking by another model's geometry, and one odd document (its text edited after it was
+    embedded) costs only the call it came in.
     """
 
     def __init__(self, owner: str = "re-ranker") -> None:
         self.owner = owner
         self._lock = threading.Lock()
-        self._verdict: dict[str, bool] = {}
+        self._matched: set[str] = set()
+        self._warned: set[str] = set()
 
     def reset(self) -> None:
         with self._lock:
-            self._verdict.clear()
+            self._matched.clear()
+            self._warned.clear()
 
-    def verdict(self, kind: str) -> bool | None:
+    def matched(self, kind: str) -> bool:
+        """Whether an embedding of ``kind`` (``"document"``, ``"query"``) has matched the encoder's own."""
         with self._lock:
-            return self._verdict.get(kind)
+            return kind in self._matched
 
     def record(self, kind: str, ok: bool) -> bool:
-        """Note a comparison for ``kind`` (``"document"``, ``"query"``); returns whether that kind is usable."""
+        """Note a comparison for ``kind``; returns ``ok`` (whether this call may use such embeddings)."""
         with self._lock:
-            before = self._verdict.get(kind)
-            if before is False:
-                return False
-            self._verdict[kind] = ok
-        if not ok:
-            logger.warning("%s: a raw %s embedding given to it does not match its own encoder's vector for the "
-                           "same text (another model, or quantised vectors?); given %s embeddings are ignored from "
-                           "now on and the texts encoded instead (logged once)", self.owner, kind, kind)
-        return ok
+            if ok:
+                self._matched.add(kind)
+                return True
+            first = kind not in self._warned
+            self._warned.add(kind)
+        if first:
+            logger.warning("%s: a raw %s embedding given to it does not match its own encoding of the same text "
+                           "(another model, quantised vectors, or an embedding of other text, such as the text "
+                           "with its metadata); that call encodes its texts instead (logged once)",
+                           self.owner, kind)
+        return False
 
 
 def unscorable(text: str | None) -> str | None:
@@ -387,12 +397,10 @@ class CandidateVectorCache:
 
         A raw query embedding costs no model call (that is what it is for), so it is not probed as document
         embeddings are: it is compared with the encoder's own vector for the same query text whenever this
-        re-ranker encoded that text before (free), and after one mismatch query embeddings are ignored.
+        re-ranker encoded that text before (free); a mismatch makes that call encode the query.
         ``of_text=False``: the embedding is of other strings on purpose (LlamaIndex's HyDE sets
         ``custom_embedding_strs``), so it is not compared."""
         if not is_raw(embedding, encoder.dim):
-            return None
-        if self.check.verdict("query") is False:
             return None
         vec = np.asarray(embedding, dtype=np.float32)
         if of_text and not is_blank(text):
@@ -426,14 +434,12 @@ class CandidateVectorCache:
         if any(_is_unit(c[2], dim) for c in candidates):  # a normalising embedder upstream: none is raw
             logger.debug("%s: raw and unit-length embeddings in one call; all are encoded again", self.check.owner)
             return []
-        if self.check.verdict("document") is False:
-            return []
         for i in given:
             own = cached.get(i)
             if own is not None and own[0] is not None and not self.check.record(
                     "document", same_model(np.asarray(candidates[i][2]), own[0])):
                 return []
-        if self.check.verdict("document") is None:
+        if not self.check.matched("document"):
             i = given[0]
             vectors, counts = encoder.encode_with_counts([candidates[i][1]])
             probed[i] = (np.array(vectors[0], dtype=np.float32, copy=True), int(counts[0]))

@@ -106,7 +106,7 @@ def test_raw_embeddings_of_another_model_or_half_precision_unit_ones_are_not_use
             for _ in range(2):  # and still on the next call
                 got = {d.id: d.score for d in ranker.run(query=q, documents=_docs(ids, texts, given))["documents"]}
                 assert got == pytest.approx(base, abs=1e-5)
-        assert ("does not match its own encoder's vector" in caplog.text) is warned
+        assert ("does not match its own encoding" in caplog.text) is warned
 
 
 def test_inputs_untouched_top_k_and_copies(encoder, ids, demo_texts):

@@ -412,3 +412,39 @@ def test_a_query_weight_without_query_calibration_warns_once(encoder, ids, demo_
         for _ in range(3):
             ranker.run(query="stars", documents=_docs(ids[:6], demo_texts[:6]))
     assert caplog.text.count("no query calibration") == 1
+
+
+def test_onnx_int8_vectors_are_the_ranker_own_and_one_odd_document_costs_only_its_call(ids, demo_texts, caplog):
+    """A regression hunt: onnx-int8 quantises per batch, so a text's vector in a batch of 48 and alone differed
+    by up to 6.4% in norm; the check (then 1%) rejected the ranker's own vectors for good. And one document whose
+    text changed after it was embedded disabled every later call's embeddings."""
+    pytest.importorskip("onnxruntime", reason="needs normrank[onnx]")
+    from normrank import RawEncoder
+
+    enc = RawEncoder(backend="onnx-int8", show_progress=False)
+    texts, doc_ids = demo_texts[:24], ids[:24]
+    vecs = enc.encode(texts)  # one batch, as an embedder upstream makes them
+    q = "How do vaccines work?"
+    qv = enc.encode([q])[0]
+    calls: list[int] = []
+    real = enc.encode_with_counts
+
+    def counting(batch, *a, **kw):
+        calls.append(len(batch))
+        return real(batch, *a, **kw)
+
+    enc.encode_with_counts = counting  # type: ignore[method-assign]
+    ranker = NormRankRanker(top_k=24, weights={"a": 0.03}, encoder=enc)
+    with caplog.at_level("WARNING", logger="normrank.candidate_vectors"):
+        ranker.run(query=q, documents=_docs(doc_ids, texts, embeddings=vecs), query_embedding=qv.tolist())
+        assert sum(calls) == 1  # one document encoded to check, nothing else
+        ranker.run(query=q, documents=_docs(doc_ids, texts, embeddings=vecs), query_embedding=qv.tolist())
+        assert sum(calls) == 1 and "does not match" not in caplog.text
+        odd = [*texts]
+        odd[0] = "A text edited after it was embedded, about volcanoes."
+        fresh = NormRankRanker(top_k=24, weights={"a": 0.03}, encoder=enc, cache_size=0)
+        fresh.run(query=q, documents=_docs(doc_ids, odd, embeddings=vecs))
+        assert "does not match" in caplog.text  # that call encoded its texts instead
+        calls.clear()
+        fresh.run(query=q, documents=_docs(doc_ids[1:], texts[1:], embeddings=vecs[1:]))
+        assert sum(calls) <= 2  # the next call uses them again (one check, the query)
