@@ -870,8 +870,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("torch", "onnx", "onnx-int8"),
                    help="encoder backend (overrides the config's encoder.backend): onnx = torch's vectors on ONNX "
                    "Runtime, onnx-int8 = about 2.3x faster, norms move up to ~8%%; needs normrank[onnx]")
-    p.add_argument("--plot", metavar="PNG", type=_png_path,
-                   help="also write a bar chart of nDCG@10 per model and run here (a .png; replaced if it exists)")
+    p.add_argument("--plot", metavar="IMAGE", type=_plot_path,
+                   help="also write a bar chart of nDCG@10 per model and run here (.png, .svg, .pdf, ...; replaced if "
+                   "it exists)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval)
@@ -881,8 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "calibration, the most and least specific documents, and a warning when the norm "
                        "carries no usable signal.")
     p.add_argument("index", metavar="DIR", help="a folder written by `normrank index`")
-    p.add_argument("--plot", metavar="PNG", type=_png_path,
-                   help="write a PNG with the distributions here (replaced if it exists)")
+    p.add_argument("--plot", metavar="IMAGE", type=_plot_path,
+                   help="write a chart of the distributions here (.png, .svg, .pdf, ...; replaced if it exists)")
     p.add_argument("--top", type=_positive_int, default=5, help="documents to list at each end (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_analyze)
@@ -910,12 +911,18 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _png_path(text: str) -> str:
-    """A ``--plot`` file: a ``.png`` in a folder that exists, checked before any work (``--plot report.txt``
-    failed with matplotlib's "Format 'txt' is not supported" after the whole evaluation ran)."""
+#: The file types ``--plot`` writes (matplotlib's, chosen by the suffix).
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
+
+
+def _plot_path(text: str) -> str:
+    """A ``--plot`` file: an image file name matplotlib writes, in a folder that exists, checked before any
+    work (``--plot report.txt`` failed with matplotlib's "Format 'txt' is not supported" after the whole
+    evaluation ran)."""
     path = Path(text).expanduser()
-    if path.suffix.lower() != ".png":
-        raise argparse.ArgumentTypeError(f"{text!r} is not a .png file name")
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an image file name; end it with one of "
+                                         f"{', '.join(PLOT_SUFFIXES)}")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"no such folder for {text!r}: {path.parent}")
     if path.is_dir():
@@ -940,6 +947,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
+#: Arguments that name files or folders: a leading ``~`` is the home folder, once, here. Why: ``save`` reads
+#: ``~`` so, and ``--out '~/idx'`` (quoted, from a Makefile or a subprocess) then saved into ``$HOME/idx`` while
+#: the run's own checks looked at ``./~/idx``: every re-index failed with ConcurrentUpdateError.
+PATH_ARGS = ("out", "source", "index", "queries", "qrels", "beir_dir", "data", "config")
+
+
+def _expand_home(args: argparse.Namespace) -> None:
+    for name in PATH_ARGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            with contextlib.suppress(RuntimeError):  # "~nosuchuser": left as given, and named where it is used
+                setattr(args, name, os.path.expanduser(value))
+    models = getattr(args, "model", None)
+    if isinstance(models, list):
+        args.model = [os.path.expanduser(m) if isinstance(m, str) else m for m in models]
+    elif isinstance(models, str):
+        args.model = os.path.expanduser(models)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``normrank`` command; returns the exit code (0 ok, 1 error, 2 usage)."""
     parser = build_parser()
@@ -947,6 +973,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2): return it, so callers get an int
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    _expand_home(args)
     # The model-loading bar of transformers is noise on a command line; encoding bars stay.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.verbose:

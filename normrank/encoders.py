@@ -305,6 +305,10 @@ class RawEncoder:
             shown, detail = _excerpt(self.model_name), str(exc)
             if len(detail) > 400:  # the library's message repeats the name: a path of 2,000 characters, twice
                 detail = detail[:300] + " ... " + detail[-80:]
+            if not _path_exists(self.model_name):
+                # a hub-style name ("models/nope"): the library's own words were "couldn't connect to huggingface.co"
+                detail = (f"there is no folder {shown} (looked in {os.getcwd()}), and no model of that name in the "
+                          "local Hugging Face cache (normrank downloads nothing)")
             raise ModelLoadError(
                 f"could not load embedding model {shown}: {detail}. Give a local "
                 "sentence-transformers folder, or leave the model unset for the bundled all-MiniLM-L6-v2."
@@ -861,10 +865,12 @@ def _check_tokenizer(model: Any, name: str) -> None:
         )
 
 
+def _path_exists(name: str) -> bool:
+    try:
+        return Path(name).expanduser().exists()
+    except (OSError, RuntimeError):  # too long a name; "~nosuchuser"
+        return False
+
+
 def _looks_like_path(name: str) -> bool:
-    """A local path rather than a hub name (``org/model``): it starts like one, has more than one ``/``, or
-    its first part is a folder here (``models/nope`` beside a ``models`` folder went to the hub, which
-    answered, after a network timeout, that it could not connect)."""
-    if name.startswith((".", "/", "~")) or os.sep in name and not name.count("/") == 1:
-        return True
-    return "/" in name and Path(name.split("/", 1)[0]).is_dir()
+    return name.startswith((".", "/", "~")) or os.sep in name and not name.count("/") == 1

@@ -460,10 +460,14 @@ def _left_out(result: Mapping[str, Any]) -> str:
                "<= 0) left out" if result.get("queries_without_relevant") else ""))
 
 
+def _read_from(result: Mapping[str, Any]) -> str:
+    return f" (read from {result['path']})" if result.get("path") else ""
+
+
 def format_report(result: Mapping[str, Any]) -> str:
     """The human-readable table ``normrank eval`` prints without ``--json``."""
     lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
-             f"{result['n_docs']} documents" + _left_out(result),
+             f"{result['n_docs']} documents" + _left_out(result) + _read_from(result),
              "",
              f"  {'run':<10} {'nDCG@10':>8} {'R@100':>8} {'p(nDCG) vs cos':>15} {'up/down':>9}"]
     for name, m in result["runs"].items():
@@ -558,7 +562,7 @@ def combine(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def format_models(result: Mapping[str, Any]) -> str:
     """The side-by-side table of :func:`evaluate_models`, then each model's fit and verdict."""
     lines = [f"{result['dataset']}: {result['n_queries']} evaluated queries ({result['protocol']}), "
-             f"{result['n_docs']} documents{_left_out(result)}; nDCG@10 per model",
+             f"{result['n_docs']} documents{_left_out(result)}{_read_from(result)}; nDCG@10 per model",
              "",
              f"  {'model':<24} {'dim':>4} {'cosine':>7} {'BM25':>7} {'raw dot':>7} {'normrank':>8} {'gain':>8} "
              f"{'p':>7} {'up/down':>9}  fit"]

@@ -244,8 +244,23 @@ def test_a_plot_that_cannot_be_written_is_refused_before_any_work(tmp_path, caps
     """`--plot report.txt` ran the whole evaluation, then failed in matplotlib ("Format 'txt' is not supported")."""
     from normrank.cli import main
 
-    for bad, words in (("report.txt", "is not a .png file name"), (str(tmp_path / "nope" / "x.png"), "no such folder")):
+    for bad, words in (("report.txt", "is not an image file name"), (str(tmp_path / "nope" / "x.png"), "no such folder")):
         for argv in (["eval", "anything", "--plot", bad], ["analyze", str(tmp_path), "--plot", bad]):
             assert main(argv) == 2
             err = capsys.readouterr().err
             assert words in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_literal_tilde_in_out_is_the_home_folder_on_every_run(tmp_path, capsys, monkeypatch, encoder):
+    """A regression hunt: `--out '~/idx'` (quoted, as from a Makefile) saved into $HOME/idx while the run's own
+    version check looked at ./~/idx, so every re-index failed with ConcurrentUpdateError."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "docs.jsonl"
+    src.write_text("".join(json.dumps({"_id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
+    for _ in range(2):
+        assert main(["index", str(src), "--out", "~/idx", "--no-progress"]) == 0, capsys.readouterr().err
+    assert (home / "idx" / "current").is_symlink() and not (tmp_path / "~").exists()
+    assert main(["search", "~/idx", "a query", "-k", "1", "--json"]) == 0
