@@ -446,6 +446,10 @@ def index_with_ray(
     if backend is not None:
         cfg.store.backend = backend
     cfg.store.path = None  # a new index: never load another one into it
+    if out is not None:  # "~" as save() reads it, so the version check below looks where the save writes
+        out = os.path.expanduser(os.fspath(out))
+    if encoded is not None:
+        encoded = os.path.expanduser(os.fspath(encoded))
     if cfg.store.backend == "faiss" and out is None:
         raise InvalidArgumentError("the FAISS backend saves the index to a folder: give out=...")
     if encoded is None:

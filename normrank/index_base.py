@@ -151,16 +151,18 @@ def check_fit_basis(started: tuple[Weights, dict[str, Any]] | None, now: tuple[W
                                 "run fit() again")
 
 
-def needs_recalibration(auto: bool, count: int, n_fitted: int, added: int = 0) -> bool:
+def needs_recalibration(auto: bool, count: int, n_fitted: int, removed: int = 0) -> bool:
     """Whether an add should refit an automatic document calibration: on every add while fewer than
-    :data:`SMALL_CALIBRATION` documents inform it, then when the corpus has doubled, or when as many
-    documents have been added since the fit as it was fitted on (``added``). Why the last: a corpus whose
-    deletes kept pace with its adds never doubled, so its calibration stayed the one fitted on documents
-    long gone (every top-10 of 50 differed from a fresh index's after a full turnover)."""
+    :data:`SMALL_CALIBRATION` documents inform it, then when the corpus has doubled, or once documents
+    deleted since the fit (``removed``) reach half the number it was fitted on. Why the last: a corpus
+    whose deletes kept pace with its adds never doubled, so its calibration stayed the one fitted on
+    documents long gone (every top-10 of 50 differed from a fresh index's after a full turnover). Deletes,
+    not adds, are counted: adding the very documents a calibration was fitted on (``EncodedCorpus.into``)
+    must not refit it."""
     if not auto or count == 0:
         return False
     grown = count > n_fitted and (n_fitted < SMALL_CALIBRATION or count >= 2 * n_fitted)
-    return grown or added >= max(n_fitted, 1)
+    return grown or (removed > 0 and 2 * removed >= n_fitted)
 
 
 @runtime_checkable

@@ -79,6 +79,7 @@ _VERSION_NAME = re.compile(r"v-[0-9a-f]{32}")
 VERSION_FILE_NAMES = frozenset({
     MANIFEST, VERSION_MARKER, PENDING, "index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json",
     "records.jsonl", "ids.utf8", "texts.utf8", "lengths.npy", "metadata.json",
+    "internal_ids.npy",  # written by early format-1 builds: still normrank's to sweep
 })
 _LINK_NAME = re.compile(r"\.current-[0-9a-f]{32}")
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -434,7 +435,7 @@ def _index_holding(root: Path) -> Path | None:
     real = Path(os.path.realpath(root))
     for p in (real, *real.parents):
         if (_VERSION_NAME.fullmatch(p.name) and ((p.parent / MARKER).is_file() or (p.parent / CURRENT).is_symlink())
-                and _owned_version(p)):
+                and any((p / name).is_file() for name in (VERSION_MARKER, MANIFEST))):  # not an empty folder
             return p.parent
     return None
 

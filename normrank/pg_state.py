@@ -74,7 +74,7 @@ class TableState:
     column_key: tuple[Any, ...] | None
     encoder: dict[str, Any] | None
     adapter_state: dict[str, Any] = field(default_factory=dict)  # see NormIndex.adapter_state
-    added_since_calibration: int = 0  # see index_base.needs_recalibration
+    removed_since_calibration: int = 0  # see index_base.needs_recalibration
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -85,7 +85,7 @@ class TableState:
             "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
             "column_key": list(self.column_key) if self.column_key else None, "version": self.version,
             "column_scale": COLUMN_SCALE, "encoder": self.encoder, "adapter_state": self.adapter_state,
-            "added_since_calibration": self.added_since_calibration,
+            "removed_since_calibration": self.removed_since_calibration,
         }
 
     @classmethod
@@ -106,7 +106,7 @@ class TableState:
         try:
             dim, count, version = (_whole(state, "dim", 1, MAX_DIM), _whole(state, "count", 0, 2**62),
                                    _whole(state, "version", 0, 2**62))
-            added = _whole({"added_since_calibration": 0, **state}, "added_since_calibration", 0, 2**62)  # older: none
+            added = _whole({"removed_since_calibration": 0, **state}, "removed_since_calibration", 0, 2**62)  # older: none
             index_type = check_index_type(state["index_type"])
             hnsw_m, ef_construction, ef_search = (check_pg_option(k, state[k])
                                                   for k in ("hnsw_m", "ef_construction", "ef_search"))

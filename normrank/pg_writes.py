@@ -48,7 +48,7 @@ class PgWriteMixin:
 
     _names: TableNames
     _count: int
-    _added_since_calibration: int
+    _removed_since_calibration: int
     _dim: int | None
     _exists: bool
     _weights: Weights
@@ -133,6 +133,7 @@ class PgWriteMixin:
                 gone = cur.execute(self._names.sql("DELETE FROM {t} WHERE id = ANY(%s) RETURNING id"),
                                    (list(wanted),)).fetchall()
                 self._count -= len(gone)
+                self._removed_since_calibration += len(gone)
             return self._add_rows(cur, vectors, token_counts, wanted, texts, metadatas)
 
         return self._run(body, write=True)
@@ -169,10 +170,11 @@ class PgWriteMixin:
                 cp.write_row((new_ids[j], aug[j], float(norms[j]), int(counts[j]), text_list[j],
                               Jsonb(metas[j])))
         self._count += n
-        self._added_since_calibration = 0 if fitted_now else self._added_since_calibration + n
+        if fitted_now:
+            self._removed_since_calibration = 0
         self._column_key = self._current_column_key()
         if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
-                               self._added_since_calibration):
+                               self._removed_since_calibration):
             self._recalibrate(cur)
         elif first:
             self._create_vector_index(cur)
@@ -232,6 +234,7 @@ class PgWriteMixin:
                 missing = sorted(set(wanted) - set(gone))
                 raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
             self._count -= len(gone)
+            self._removed_since_calibration += len(gone)
             return len(gone)
 
         return self._run(body, write=True)
@@ -292,7 +295,7 @@ class PgWriteMixin:
         norms = np.array([r[0] for r in rows], dtype=np.float64)
         counts = np.array([r[1] for r in rows], dtype=np.int64)
         self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin).fit(norms, counts)
-        self._added_since_calibration = 0
+        self._removed_since_calibration = 0
         self._rewrite_column(cur)
 
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,

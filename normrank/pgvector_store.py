@@ -95,7 +95,7 @@ T = TypeVar("T")
 #: The attributes that mirror the table's state row (restored when a write fails).
 _STATE_ATTRS = ("_dim", "_weights", "index_type", "_hnsw_m", "_ef_construction", "_ef_search", "calibrator",
                 "_auto_calibrated", "query_calibrator", "_count", "_version", "_column_key", "_exists", "_table_oid",
-                "_adapter_state", "_added_since_calibration")
+                "_adapter_state", "_removed_since_calibration")
 
 
 #: Every open handle of this process, so that a forked child lets go of the connections it inherited at once
@@ -190,7 +190,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self.index_type: str = index_type or "flat"
         self.calibrator = calibrator or NormCalibrator()
         self._auto_calibrated = calibrator is None or not calibrator.is_fitted
-        self._added_since_calibration = 0  # see NormIndex: an automatic calibration follows a churning corpus
+        self._removed_since_calibration = 0  # see NormIndex: an automatic calibration follows a churning corpus
         self.query_calibrator = query_calibrator
         self._count = 0
         self._version = 0
@@ -362,7 +362,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
             self._dim or 0, self.index_type, self.hnsw_m, self.ef_construction, self._ef_search, self._weights,
             self.calibrator, self.query_calibrator, self._auto_calibrated, self._count, self._version,
             self._column_key, self._encoder.describe() if self._encoder is not None else None, self._adapter_state,
-            self._added_since_calibration)
+            self._removed_since_calibration)
 
     def _state_json(self) -> Any:
         from psycopg.types.json import Jsonb
@@ -379,7 +379,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def _forget_table(self) -> None:
         """The table is gone (dropped here or by another handle): become an empty index."""
         self._exists, self._count, self._dim, self._version, self._column_key = False, 0, None, 0, None
-        self._table_oid, self._adapter_state, self._added_since_calibration = None, {}, 0
+        self._table_oid, self._adapter_state, self._removed_since_calibration = None, {}, 0
         if self._auto_calibrated:
             self.calibrator = NormCalibrator(self.calibrator.max_bins, self.calibrator.min_per_bin)
 
@@ -414,7 +414,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self._hnsw_m, self._ef_construction, self._ef_search = state.hnsw_m, state.ef_construction, state.ef_search
         self.calibrator, self.query_calibrator = state.calibrator, state.query_calibrator
         self._auto_calibrated, self._count, self._version = state.auto_calibrated, state.count, state.version
-        self._added_since_calibration = state.added_since_calibration
+        self._removed_since_calibration = state.removed_since_calibration
         self._column_key = state.column_key
         self._adapter_state = state.adapter_state
         if self._encoder is None and state.encoder:

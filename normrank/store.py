@@ -222,9 +222,9 @@ class NormIndex(BlendIndexBase):
         self._column_scale = COLUMN_SCALE
         self.calibrator = calibrator or NormCalibrator()
         self._auto_calibrated = calibrator is None or not calibrator.is_fitted
-        # documents added since the document calibration was fitted: an automatic one is refitted once as
-        # many have come as it was fitted on (needs_recalibration), also when deletes keep the count level
-        self._added_since_calibration = 0
+        # documents deleted since the document calibration was fitted: an automatic one is refitted at the
+        # next add once half the documents it was fitted on could have been replaced (needs_recalibration)
+        self._removed_since_calibration = 0
         self.query_calibrator = query_calibrator
         self._docs = DocColumns()  # ids, texts, metadata, norms, counts and g(d) by internal id
         self._tombstones: set[int] = set()  # deleted but still in FAISS until the next compaction
@@ -332,9 +332,10 @@ class NormIndex(BlendIndexBase):
             self.calibrator = calibrator
             self._column_key = self._current_column_key()
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
-            self._added_since_calibration = 0 if fitted_now else self._added_since_calibration + n
+            if fitted_now:
+                self._removed_since_calibration = 0
             if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
-                                   self._added_since_calibration):
+                                   self._removed_since_calibration):
                 self.recalibrate()  # rebuilds the index, and asks for huge pages for the new one
             else:
                 _huge_pages_for(self._index)
@@ -414,6 +415,7 @@ class NormIndex(BlendIndexBase):
             self._tombstones.update(internal.tolist())
             self._tombstone_array = None
             self._docs.remove(internal.tolist())
+            self._removed_since_calibration += int(internal.size)
             limit = max(1000, len(self)) if self.index_type == "hnsw" else max(256, len(self) // 64)
             if len(self._tombstones) > limit:
                 self._compact()
@@ -534,7 +536,7 @@ class NormIndex(BlendIndexBase):
             except BaseException:
                 self.calibrator = old  # _rebuild has put the old index back
                 raise
-            self._added_since_calibration = 0
+            self._removed_since_calibration = 0
 
     def calibrate_queries(self, queries: Sequence[str] | None = None, *, norms: np.ndarray | None = None,
                           token_counts: np.ndarray | None = None) -> NormCalibrator:
@@ -1098,7 +1100,7 @@ class NormIndex(BlendIndexBase):
                     "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction, "ef_search": self.ef_search,
                     "nlist": self.nlist, "nprobe": self.nprobe, "next": self._docs.next,
                     "weights": self._weights.to_dict(), "auto_calibrated": self._auto_calibrated,
-                    "added_since_calibration": self._added_since_calibration,
+                    "removed_since_calibration": self._removed_since_calibration,
                     "calibrator": self.calibrator.to_dict(),
                     "query_calibrator": self.query_calibrator.to_dict() if self.query_calibrator else None,
                     "encoder": self._encoder.describe() if self._encoder is not None else None,
@@ -1198,7 +1200,7 @@ class NormIndex(BlendIndexBase):
                                   if state["query_calibrator"] else None),
             )
             index._auto_calibrated = state["auto_calibrated"]
-            index._added_since_calibration = state.get("added_since_calibration", 0)  # older saves: none
+            index._removed_since_calibration = state.get("removed_since_calibration", 0)  # older saves: none
             index.adapter_state = copy.deepcopy(state.get("adapter_state") or {})  # older saves have none
             root = Path(path).resolve()
             if folder.parent.resolve() == root and folder.name != CURRENT:  # a copy without links: no version
@@ -1380,7 +1382,8 @@ def save_unless_changed(index: NormIndex, path: str | os.PathLike[str], version:
 
     Why: ``normrank index`` (and ``--ray``) read a fitted blend to carry over, encoded for minutes, then saved
     over a ``normrank fit`` that had landed meanwhile, without a word."""
-    index._origin = (str(Path(path).resolve()), version) if version is not None else None
+    path = _user_path(path)
+    index._origin = (str(path.resolve()), version) if version is not None else None
     try:
         return index.save(path, if_unchanged=True)
     except ConcurrentUpdateError:
@@ -1406,7 +1409,10 @@ def _user_path(path: str | os.PathLike[str]) -> Path:
     ``save("~/idx")`` made a folder named ``~`` in the working folder (which ``rm -rf ~`` then ...)."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentError(f"path must be a string or a path, got {type(path).__name__}")
-    return Path(path).expanduser()
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as exc:  # "~nosuchuser", or no home folder at all
+        raise InvalidArgumentError(f"cannot read the home folder in {os.fspath(path)!r}: {exc}") from None
 
 
 def _check_state(state: Any, path: Any) -> None:
@@ -1423,9 +1429,9 @@ def _check_state(state: Any, path: Any) -> None:
         raise IndexFormatError(f"the index at {path} has an invalid setting in state.json: {exc}") from None
     except KeyError as exc:
         raise IndexFormatError(f"the index at {path} has no {exc} in state.json") from None
-    for name in ("dim", "next", "added_since_calibration"):
-        v = state.get(name, 0 if name == "added_since_calibration" else None)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "dim" else 0):
+    for name in ("dim", "next", "removed_since_calibration"):
+        v = state.get(name, 0 if name == "removed_since_calibration" else None)
+        if isinstance(v, bool) or not isinstance(v, int) or not (1 if name == "dim" else 0) <= v <= 2**62:
             raise IndexFormatError(f"the index at {path} has an invalid {name} {v!r} in state.json")
     scale = state.get("column_scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:

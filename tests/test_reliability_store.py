@@ -21,6 +21,7 @@ from normrank import (
     InvalidArgumentError,
     InvalidMetadataError,
     InvalidTextError,
+    NormCalibrator,
     NormIndex,
     PersistenceError,
     UnknownIdError,
@@ -871,19 +872,26 @@ def _turn_over(index, rounds: range, step: int) -> None:
 
 def test_an_automatic_calibration_follows_a_corpus_that_turns_over_at_a_constant_size(tmp_path):
     """The calibration was refitted only when the corpus doubled: replaced 100 at a time, a corpus kept the
-    one fitted on documents long gone, and every top-10 of 50 differed from a fresh index's."""
+    one fitted on documents long gone, and every top-10 of 50 differed from a fresh index's. Adding the
+    documents a calibration was fitted on (EncodedCorpus.into) must not refit it: deletes are counted."""
     index, _, _ = make(n=400)
-    _turn_over(index, range(2), 100)
-    # a save and load in the middle must not lose count of what was added since the fit
+    _turn_over(index, range(1), 100)
+    # a save and load in the middle must not lose count of what was deleted since the fit
     index = NormIndex.load(index.save(tmp_path / "idx").parent)
-    assert index._added_since_calibration == 200
-    _turn_over(index, range(2, 4), 100)
-    assert index.calibrator.n_fitted == 400 and index._added_since_calibration == 0
+    assert index._removed_since_calibration == 100
+    _turn_over(index, range(1, 4), 100)  # refitted when half could have been replaced: rounds 1 and 3
+    assert index.calibrator.n_fitted == 400 and index._removed_since_calibration == 0
     fresh = NormIndex(dim=DIM, weights=Weights(a=0.05))
     for r in range(4):
         v, c = synthetic(100, dim=DIM, seed=100 + r)
         fresh.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
     assert sorted(index.ids()) == sorted(fresh.ids())
+    given = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    given.calibrator = NormCalibrator.from_dict(fresh.calibrator.to_dict())  # as EncodedCorpus.into does
+    for r in range(4):
+        v, c = synthetic(100, dim=DIM, seed=100 + r)
+        given.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+    assert given.calibrator.to_dict() == fresh.calibrator.to_dict()  # not refitted
     for q in synthetic(20, dim=DIM, seed=999)[0]:
         assert [(h.id, round(h.score, 5)) for h in index.search(q, 10)] == \
                [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
