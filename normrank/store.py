@@ -429,9 +429,10 @@ class NormIndex(BlendIndexBase):
             if self._docs:
                 self._rebuild()
                 return
-            self._index = None  # everything was deleted: an empty graph
+            self._index = None  # everything was deleted: an empty graph, numbered from 0 again
             self._ensure_index(np.zeros((0, self._dim or 0), dtype=np.float32), np.zeros(0), np.zeros(0, np.int64),
                                self.calibrator)
+            self._docs.renumber()
             self._tombstones.clear()
             self._tombstone_array = None
             self._labels = None

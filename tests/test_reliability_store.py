@@ -923,3 +923,7 @@ def test_updates_do_not_keep_a_slot_for_every_document_ever_added(tmp_path, inde
     for q in synthetic(10, dim=DIM, seed=5)[0]:
         assert [h.id for h in loaded.search(q, 10)] == [h.id for h in fresh.search(q, 10)]
         assert [h.id for h in index.search(q, 10)] == [h.id for h in fresh.search(q, 10)]
+    index.delete(index.ids())  # deleting everything starts the numbering again
+    index._compact()
+    index.add_vectors(vecs[:20], counts[:20], ids=[f"e{i}" for i in range(20)])
+    assert index._docs.next == 20 and index.search(vecs[3], 1)[0].id == "e3"
