@@ -915,14 +915,25 @@ def _non_negative_int(text: str) -> int:
 PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp")
 
 
+def _plot_suffixes() -> tuple[str, ...]:
+    """What the installed matplotlib writes (its list), else :data:`PLOT_SUFFIXES`."""
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        return tuple(f".{k}" for k in FigureCanvasBase.get_supported_filetypes())
+    except ImportError:
+        return PLOT_SUFFIXES
+
+
 def _plot_path(text: str) -> str:
     """A ``--plot`` file: an image file name matplotlib writes, in a folder that exists, checked before any
     work (``--plot report.txt`` failed with matplotlib's "Format 'txt' is not supported" after the whole
     evaluation ran)."""
     path = Path(text).expanduser()
-    if path.suffix.lower() not in PLOT_SUFFIXES:
+    suffixes = _plot_suffixes()
+    if path.suffix.lower() not in suffixes:
         raise argparse.ArgumentTypeError(f"{text!r} is not an image file name; end it with one of "
-                                         f"{', '.join(PLOT_SUFFIXES)}")
+                                         f"{', '.join(suffixes)}")
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"no such folder for {text!r}: {path.parent}")
     if path.is_dir():

@@ -305,7 +305,7 @@ class RawEncoder:
             shown, detail = _excerpt(self.model_name), str(exc)
             if len(detail) > 400:  # the library's message repeats the name: a path of 2,000 characters, twice
                 detail = detail[:300] + " ... " + detail[-80:]
-            if not _path_exists(self.model_name):
+            if not _path_exists(self.model_name) and ("huggingface.co" in detail or "cached files" in detail):
                 # a hub-style name ("models/nope"): the library's own words were "couldn't connect to huggingface.co"
                 detail = (f"there is no folder {shown} (looked in {os.getcwd()}), and no model of that name in the "
                           "local Hugging Face cache (normrank downloads nothing)")

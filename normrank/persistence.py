@@ -435,7 +435,7 @@ def _index_holding(root: Path) -> Path | None:
     real = Path(os.path.realpath(root))
     for p in (real, *real.parents):
         if (_VERSION_NAME.fullmatch(p.name) and ((p.parent / MARKER).is_file() or (p.parent / CURRENT).is_symlink())
-                and any((p / name).is_file() for name in (VERSION_MARKER, MANIFEST))):  # not an empty folder
+                and any((p / name).is_file() for name in (VERSION_MARKER, MANIFEST)) and _owned_version(p)):
             return p.parent
     return None
 

@@ -199,3 +199,19 @@ def test_a_model_folder_missing_on_a_worker_fails_instead_of_encoding_with_anoth
     with pytest.raises(ModelLoadError, match="is not on this machine"):
         stand_in.encode(["a text"])
     assert stand_in.describe() == {"model": str(folder)}
+
+
+def test_into_an_index_emptied_by_deletes_keeps_the_corpus_calibration(ray_run, reference):
+    """A regression hunt: the deletes that emptied an index (or a LlamaIndex clear()) counted towards a refit, so
+    `into` refitted at its first batch and again as the corpus doubled: four rebuilds, and a calibration on 80%."""
+    index, corpus, _ = ray_run
+    ref_vecs, ref_counts, ref_ids, _ = reference
+    used = NormIndex(dim=ref_vecs.shape[1], encoder=index.encoder)
+    used.add_vectors(ref_vecs, ref_counts, ids=[f"old{i}" for i in range(len(ref_ids))])
+    used.delete(used.ids())
+    corpus.into(used, rows=10)
+    assert used.calibrator.to_dict() == corpus.calibrator.to_dict()  # not refitted
+    assert sorted(used.ids()) == sorted(index.ids())
+    q = ref_vecs[3]
+    assert [(h.id, round(h.score, 6)) for h in used.search(q, 10)] == \
+           [(h.id, round(h.score, 6)) for h in index.search(q, 10)]

@@ -534,7 +534,8 @@ class NormRankVectorStore(BasePydanticVectorStore):
         await asyncio.to_thread(self.delete_nodes, node_ids, filters, **delete_kwargs)
 
     def clear(self) -> None:
-        """Delete every node. The index keeps its settings, weights and calibration."""
+        """Delete every node. The index keeps its settings and weights; an automatic document calibration
+        (the default) is refitted on the nodes added next, one you set is kept."""
         with self._lock:
             self._delete_where(self._index.ids)
 
