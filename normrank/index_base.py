@@ -88,9 +88,10 @@ def _check_k(k: Any) -> int:
     return check_option("k", k)
 
 
-#: Below this many documents behind the document calibration, every add refits it: a fit on a handful
-#: of norms is noise (a store filled one node at a time kept a one-document fit, and its blend went
-#: flat), and refitting that few costs nothing. From there on it is refitted each time the corpus doubles.
+#: Below this many documents behind the document calibration, every add or delete that leaves documents
+#: the fit did not see refits it: a fit on a handful of norms is noise (a store filled one node at a time
+#: kept a one-document fit, and its blend went flat), and refitting that few costs nothing. From there on
+#: it is refitted when the corpus doubles or half of it has been deleted (:func:`needs_recalibration`).
 SMALL_CALIBRATION = 40
 
 
@@ -152,17 +153,25 @@ def check_fit_basis(started: tuple[Weights, dict[str, Any]] | None, now: tuple[W
 
 
 def needs_recalibration(auto: bool, count: int, n_fitted: int, removed: int = 0) -> bool:
-    """Whether an add should refit an automatic document calibration: on every add while fewer than
-    :data:`SMALL_CALIBRATION` documents inform it, then when the corpus has doubled, or once documents
-    deleted since the fit (``removed``) reach half the number it was fitted on. Why the last: a corpus
-    whose deletes kept pace with its adds never doubled, so its calibration stayed the one fitted on
-    documents long gone (every top-10 of 50 differed from a fresh index's after a full turnover). Deletes,
-    not adds, are counted: adding the very documents a calibration was fitted on (``EncodedCorpus.into``)
-    must not refit it."""
+    """Whether an add or a delete should refit an automatic document calibration (``count`` documents held
+    after it, ``n_fitted`` behind the calibration, ``removed`` deleted since the fit).
+
+    - While fewer than :data:`SMALL_CALIBRATION` documents inform it: whenever the index holds documents
+      the fit did not see (more than it was fitted on, or any deleted since). Why: a store filled, then
+      pruned, then filled again kept a fit on 30 documents while it held 17 others.
+    - From there on: when the corpus has doubled, or once documents deleted since the fit reach half the
+      number it was fitted on. Why the last: a corpus whose deletes kept pace with its adds never doubled,
+      so its calibration stayed the one fitted on documents long gone (every top-10 of 50 differed from a
+      fresh index's after a full turnover), and a sync that only deletes (LangChain ``index(cleanup=
+      "full")``, LlamaIndex ``delete_ref_doc``) never reached an add to refit it.
+
+    Deletes, not adds, are counted: adding the very documents a calibration was fitted on
+    (``EncodedCorpus.into``, batch by batch) must not refit it."""
     if not auto or count == 0:
         return False
-    grown = count > n_fitted and (n_fitted < SMALL_CALIBRATION or count >= 2 * n_fitted)
-    return grown or (removed > 0 and 2 * removed >= n_fitted)
+    if n_fitted < SMALL_CALIBRATION:
+        return count > n_fitted or removed > 0
+    return count >= 2 * n_fitted or 2 * removed >= n_fitted
 
 
 @runtime_checkable
@@ -198,19 +207,26 @@ def _delete_then_add(index: Any, vectors: np.ndarray, counts: Sequence[int], ids
                      texts: Sequence[str | None], metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
     existing = [x for x in ids if x in index]
     old_records, old_vectors = [], None
+    removed_before = getattr(index, "_removed_since_calibration", None)
     if existing:
         if isinstance(index, BlendIndexBase):  # what the add would refuse, refused before anything is deleted
             index._check_batch(vectors, counts, texts, metadatas, empty=False)
         old_records = index.get(existing)
         old_vectors = np.asarray(index.vectors(existing), dtype=np.float32)
-        index.delete(existing)
+        getattr(index, "_delete_for_upsert", index.delete)(existing)
     try:
         return index.add_vectors(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
     except BaseException:
-        for rec, vec in zip(old_records, old_vectors if old_vectors is not None else []):
-            # One at a time: a batch of restored documents must not trip a batch-level check.
-            index.add_vectors(vec[None, :], [rec.token_count], ids=[rec.id], texts=[rec.text],
-                              metadatas=[rec.metadata])
+        if removed_before is not None:  # nothing is replaced after all: the put-back adds must not refit
+            index._removed_since_calibration = removed_before
+        index._putting_back = True  # they were accepted once: a norm within 1e-3 of 1 alone is no reason now
+        try:
+            for rec, vec in zip(old_records, old_vectors if old_vectors is not None else []):
+                # One at a time: a batch of restored documents must not trip a batch-level check.
+                index.add_vectors(vec[None, :], [rec.token_count], ids=[rec.id], texts=[rec.text],
+                                  metadatas=[rec.metadata])
+        finally:
+            index._putting_back = False
         raise
 
 
@@ -295,6 +311,8 @@ class BlendIndexBase:
     _allow_nul: bool = True
     #: Metadata floats must come back from the backend as stored (pgvector's jsonb: see check_metadata).
     _jsonb: bool = False
+    #: True while an upsert the add refused puts the documents it deleted back (:func:`upsert_vectors`).
+    _putting_back: bool = False
     _weights: Weights
     calibrator: NormCalibrator
     query_calibrator: NormCalibrator | None
@@ -347,7 +365,8 @@ class BlendIndexBase:
         # Rounded to float32, the precision a saved index keeps, so save/load changes no score.
         norms = np.linalg.norm(mat.astype(np.float64), axis=1).astype(np.float32).astype(np.float64)
         try:
-            check_norm_signal(norms) if empty else check_not_unit_length(norms)
+            if not self._putting_back:  # see upsert_vectors: documents it deleted, put back
+                check_norm_signal(norms) if empty else check_not_unit_length(norms)
         except UnitNormError:
             # One text added several times has one norm without being normalised: like a single text,
             # only unit length is refused (the calibration is refitted as documents come, SMALL_CALIBRATION).

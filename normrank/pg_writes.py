@@ -235,6 +235,9 @@ class PgWriteMixin:
                 raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
             self._count -= len(gone)
             self._removed_since_calibration += len(gone)
+            if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
+                                   self._removed_since_calibration):
+                self._recalibrate(cur)  # a sync that only deletes never reached an add to refit it
             return len(gone)
 
         return self._run(body, write=True)

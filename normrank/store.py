@@ -175,8 +175,9 @@ class NormIndex(BlendIndexBase):
         at 1.03 of FAISS's cosine HNSW with 385 columns and 0.96 with 392).
     calibrator, query_calibrator:
         Pre-fitted calibrations; by default the document one is fitted on the first documents,
-        refitted on every add until 40 documents inform it and then each time the corpus doubles
-        (:data:`~normrank.index_base.SMALL_CALIBRATION`); the query one by :meth:`fit` or
+        refitted as they change: by every add or delete while fewer than 40 documents inform it, then
+        when the corpus doubles or half of it has been deleted (:func:`~normrank.index_base.needs_recalibration`);
+        the query one by :meth:`fit` or
         :meth:`calibrate_queries`.
     """
 
@@ -405,7 +406,18 @@ class NormIndex(BlendIndexBase):
         Cheap one id at a time: a delete marks the documents (searches skip them at once) and
         FAISS drops them in batches (flat/IVF past ``max(256, n/64)`` marks, HNSW by a rebuild
         past ``max(1000, n)``) and always before a save, so a deleted vector never reaches disk.
+        An automatic calibration is refitted once enough has been deleted (:func:`needs_recalibration`).
         """
+        with self._lock:
+            removed = self._delete_for_upsert(ids)
+            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
+                                   self._removed_since_calibration):
+                self.recalibrate()
+            return removed
+
+    def _delete_for_upsert(self, ids: Iterable[str]) -> int:
+        """:meth:`delete` without the refit: an upsert's add right after decides it (on the documents it
+        ends with), and one it refuses puts the deleted documents back under the same calibration."""
         with self._lock:
             internal = np.unique(self._docs.internal_ids(_check_ids(ids), "unknown ids, nothing deleted"))
             if internal.size == 0:

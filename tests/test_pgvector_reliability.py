@@ -714,26 +714,52 @@ def test_the_local_server_helper_trusts_no_file_another_user_can_write(tmp_path,
     assert json.loads((private / "pg-modes.json").read_text()) == {str(tmp_path): 0o40755}
 
 
+def _churned(rounds: range) -> tuple[np.ndarray, np.ndarray]:
+    parts = [synthetic(100, 16, seed=100 + r) for r in rounds]
+    return np.concatenate([v for v, _ in parts]) * np.exp(0.4), np.concatenate([c for _, c in parts])
+
+
 def test_an_automatic_calibration_follows_a_churning_table_across_handles(pg_dsn, table):
     """As on FAISS: a table whose deletes kept pace with its adds kept the calibration of documents long gone.
-    The count of documents deleted since the fit lives in the table, so every writer's deletes count."""
+    The count of documents deleted since the fit lives in the table, so every writer's deletes count, and
+    the delete that brings it to half of what the fit saw refits it."""
     vecs, counts = synthetic(400, 16, seed=3)
     one = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
     one.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
     two = PgVectorNormIndex(pg_dsn, table)
     for r in range(4):
         writer = one if r % 2 == 0 else two
-        v, c = synthetic(100, 16, seed=100 + r)
+        v, c = _churned(range(r, r + 1))
         writer.delete([f"d{i}" for i in range(r * 100, (r + 1) * 100)])
-        writer.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+        writer.add_vectors(v, c, ids=[f"n{r}-{i}" for i in range(100)])
         if r == 0:  # counted in the table: another handle sees it
             assert PgVectorNormIndex(pg_dsn, table)._removed_since_calibration == 100
-    fresh = NormIndex(dim=16, weights=Weights(a=0.05))
-    for r in range(4):
-        v, c = synthetic(100, 16, seed=100 + r)
-        fresh.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+    # refitted by the deletes of rounds 1 and 3; the last left n0-n2, none of the first 400
+    basis = NormIndex(dim=16)
+    basis.add_vectors(*_churned(range(3)))
+    fresh = NormIndex(dim=16, weights=Weights(a=0.05), calibrator=basis.calibrator)
+    fresh.add_vectors(*_churned(range(4)), ids=[f"n{r}-{i}" for r in range(4) for i in range(100)])
     reader = PgVectorNormIndex(pg_dsn, table)
-    assert reader.calibrator.n_fitted == 400 and reader._removed_since_calibration == 0
+    assert reader.calibrator.n_fitted == 300 and reader._removed_since_calibration == 0
     for q in synthetic(10, 16, seed=999)[0]:
+        assert [(h.id, round(h.score, 5)) for h in reader.search(q, 10)] == \
+               [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
+
+
+def test_a_table_sync_that_only_deletes_refits_the_automatic_calibration(pg_dsn, table):
+    """A sync that only deletes never reached the add that decided the refit: the table kept the calibration
+    of 400 documents after 300 of them were gone."""
+    vecs, counts = synthetic(400, 16, seed=5)
+    vecs[:300] *= np.float32(np.exp(0.6))
+    index = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05))
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
+    index.delete([f"d{i}" for i in range(200)])
+    for i in range(200, 300):
+        index.delete([f"d{i}"])
+    reader = PgVectorNormIndex(pg_dsn, table)
+    assert reader.calibrator.n_fitted == 100 and reader._removed_since_calibration == 0
+    fresh = NormIndex(dim=16, weights=Weights(a=0.05))
+    fresh.add_vectors(vecs[300:], counts[300:], ids=[f"d{i}" for i in range(300, 400)])
+    for q in synthetic(10, 16, seed=998)[0]:
         assert [(h.id, round(h.score, 5)) for h in reader.search(q, 10)] == \
                [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]

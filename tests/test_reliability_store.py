@@ -870,31 +870,133 @@ def _turn_over(index, rounds: range, step: int) -> None:
         index.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(step)])
 
 
+def _fitted_on(vectors: np.ndarray, counts: np.ndarray) -> NormCalibrator:
+    """The calibration a fresh index fits on exactly these documents."""
+    fresh = NormIndex(dim=DIM)
+    fresh.add_vectors(vectors, counts)
+    return fresh.calibrator
+
+
+def _new_documents(rounds: range, step: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    parts = [synthetic(step, dim=DIM, seed=100 + r) for r in rounds]
+    return (np.concatenate([v for v, _ in parts]) * np.exp(0.4),  # as _turn_over adds them
+            np.concatenate([c for _, c in parts]))
+
+
+def _same_top10(index, other, seed: int = 999) -> None:
+    for q in synthetic(20, dim=DIM, seed=seed)[0]:
+        assert [(h.id, round(h.score, 5)) for h in index.search(q, 10)] == \
+               [(h.id, round(h.score, 5)) for h in other.search(q, 10)]
+
+
 def test_an_automatic_calibration_follows_a_corpus_that_turns_over_at_a_constant_size(tmp_path):
     """The calibration was refitted only when the corpus doubled: replaced 100 at a time, a corpus kept the
-    one fitted on documents long gone, and every top-10 of 50 differed from a fresh index's. Adding the
-    documents a calibration was fitted on (EncodedCorpus.into) must not refit it: deletes are counted."""
+    one fitted on documents long gone, and every top-10 of 50 differed from a fresh index's. It is refitted
+    by the delete that brings the documents deleted since the fit to half of those it was fitted on. Adding
+    the documents a calibration was fitted on (EncodedCorpus.into) must not refit it: deletes are counted."""
     index, _, _ = make(n=400)
     _turn_over(index, range(1), 100)
     # a save and load in the middle must not lose count of what was deleted since the fit
     index = NormIndex.load(index.save(tmp_path / "idx").parent)
     assert index._removed_since_calibration == 100
     _turn_over(index, range(1, 4), 100)  # refitted when half could have been replaced: rounds 1 and 3
-    assert index.calibrator.n_fitted == 400 and index._removed_since_calibration == 0
-    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    # round 3's delete left n0-n2 (none of the first 400): the calibration is theirs
+    assert index.calibrator.n_fitted == 300 and index._removed_since_calibration == 100 - 100
+    assert index.calibrator.to_dict() == _fitted_on(*_new_documents(range(3))).to_dict()
+    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05), calibrator=_fitted_on(*_new_documents(range(3))))
     for r in range(4):
-        v, c = synthetic(100, dim=DIM, seed=100 + r)
-        fresh.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+        v, c = _new_documents(range(r, r + 1))
+        fresh.add_vectors(v, c, ids=[f"n{r}-{i}" for i in range(100)])
     assert sorted(index.ids()) == sorted(fresh.ids())
+    _same_top10(index, fresh)
     given = NormIndex(dim=DIM, weights=Weights(a=0.05))
     given.calibrator = NormCalibrator.from_dict(fresh.calibrator.to_dict())  # as EncodedCorpus.into does
     for r in range(4):
-        v, c = synthetic(100, dim=DIM, seed=100 + r)
-        given.add_vectors(v * np.exp(0.4), c, ids=[f"n{r}-{i}" for i in range(100)])
+        v, c = _new_documents(range(r, r + 1))
+        given.add_vectors(v, c, ids=[f"n{r}-{i}" for i in range(100)])
     assert given.calibrator.to_dict() == fresh.calibrator.to_dict()  # not refitted
-    for q in synthetic(20, dim=DIM, seed=999)[0]:
-        assert [(h.id, round(h.score, 5)) for h in index.search(q, 10)] == \
-               [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
+
+
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_a_sync_that_only_deletes_refits_the_automatic_calibration(index_type):
+    """A sync that only deletes (LangChain index(cleanup="full") dropping a source, LlamaIndex
+    delete_ref_doc) never reached an add, the only place the refit was decided: the calibration of the 400
+    documents stayed after 300 of them were gone (24 of 24 top-10s differed from a fresh index's)."""
+    vecs, counts = synthetic(400, dim=DIM, seed=5)
+    vecs[:300] *= np.float32(np.exp(0.6))  # the documents that will go have larger norms
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
+    assert index.calibrator.n_fitted == 400
+    index.delete([f"d{i}" for i in range(199)])
+    assert index.calibrator.n_fitted == 400 and index._removed_since_calibration == 199
+    index.delete(["d199"])  # half of what it was fitted on: refitted here
+    assert index.calibrator.n_fitted == 200 and index._removed_since_calibration == 0
+    for i in range(200, 300):  # one at a time, as a framework's per-document delete does
+        index.delete([f"d{i}"])
+    assert index.calibrator.n_fitted == 100  # refitted again at the 100th
+    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type)
+    fresh.add_vectors(vecs[300:], counts[300:], ids=[f"d{i}" for i in range(300, 400)])
+    assert index.calibrator.to_dict() == fresh.calibrator.to_dict()
+    _same_top10(index, fresh)
+
+
+def test_a_calibration_set_by_hand_is_not_refitted_by_deletes():
+    vecs, counts = synthetic(400, dim=DIM, seed=6)
+    mine = _fitted_on(vecs, counts)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), calibrator=mine)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(400)])
+    index.delete([f"d{i}" for i in range(390)])
+    assert index.calibrator.to_dict() == mine.to_dict()
+
+
+def test_a_small_calibration_follows_a_store_that_shrank_then_grew():
+    """"Refit on every add while fewer than 40 documents inform it" failed after a shrink: 30 added, 14
+    deleted, 1 added, and the fit was still the one on 30 documents while the store held 17 others."""
+    vecs, counts = synthetic(31, dim=DIM, seed=7)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    for i in range(30):
+        index.add_vectors(vecs[i:i + 1], counts[i:i + 1], ids=[f"d{i}"])
+    assert index.calibrator.n_fitted == 30
+    index.delete([f"d{i}" for i in range(14)])
+    assert index.calibrator.n_fitted == 16
+    index.add_vectors(vecs[30:], counts[30:], ids=["d30"])
+    assert index.calibrator.n_fitted == 17
+    assert index.calibrator.to_dict() == _fitted_on(vecs[14:], counts[14:]).to_dict()
+    fresh = NormIndex(dim=DIM, weights=Weights(a=0.05), calibrator=_fitted_on(vecs[14:], counts[14:]))
+    fresh.add_vectors(vecs[14:], counts[14:], ids=[f"d{i}" for i in range(14, 31)])
+    _same_top10(index, fresh)
+
+
+def test_an_upsert_refused_by_the_add_keeps_the_calibration_it_had():
+    """An upsert deletes, then adds; the delete must not refit before the add: a refused add puts the old
+    documents back, and the store must rank as it did before the call."""
+    from normrank.index_base import upsert_vectors
+
+    vecs, counts = synthetic(300, dim=DIM, seed=8)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(300)])
+    def top10() -> list:
+        return [[(h.id, round(h.score, 5)) for h in index.search(q, 10)] for q in vecs[:5]]
+
+    before, hits = index.calibrator.to_dict(), top10()
+    real_add, failed = index.add_vectors, []
+
+    def add_once_out_of_memory(*args, **kwargs):
+        if not failed:
+            failed.append(1)
+            raise MemoryError("the replacement batch did not fit")
+        return real_add(*args, **kwargs)
+
+    index.add_vectors = add_once_out_of_memory
+    with pytest.raises(MemoryError):
+        upsert_vectors(index, vecs[:200] * 2, list(counts[:200]), [f"d{i}" for i in range(200)],
+                       [None] * 200, [{}] * 200)
+    del index.add_vectors
+    assert len(index) == 300 and index.calibrator.to_dict() == before
+    assert top10() == hits
+    assert index._removed_since_calibration == 0
+    # the put-back skipped the lone-vector unit check (one of these has a norm within 1e-3 of 1)
+    assert np.any(np.abs(np.linalg.norm(vecs[:200], axis=1) - 1) < 1e-3)
 
 
 def test_a_tilde_path_is_the_home_folder_as_in_a_shell(tmp_path, monkeypatch):
