@@ -821,15 +821,21 @@ def markdown(res: dict[str, Any]) -> str:
         m = r["memory_rss_mb"]
         L.append(f"| {r['n']:,} | {r['n'] * DIM * 4 / 2**20:.0f} | " +
                  " | ".join(f"{m[f'normrank_pad{p}_mb']:.0f}" for p in meta["pads"]) + " |")
+    small = min(res["search"], key=lambda r: r["n"])
+    scan_us = (small.get("steps") or {}).get("us_per_query", {}).get("faiss_384_scan")
+    llc_mib = meta.get("evict_bytes", 64 << 20) // 2 >> 20
+    scan_words = (f"At {small['n']:,} the vectors ({small['n'] * DIM * 4 / 1e6:.0f} MB) fit in the "
+                  f"{llc_mib} MiB last-level cache and a scan took about {scan_us / 1000:.2f} ms here. "
+                  if scan_us else f"At {small['n']:,} the vectors fit in the {llc_mib} MiB last-level cache. ")
     L += ["", "How far to trust section 1: on this shared machine one cell's ratio moves by 5-40% between runs "
           "(see the ranges), and the FAISS twin column gives, cell by cell, the ratio between two identical FAISS "
           "indexes at different addresses, timed the same way: a normrank ratio that far from 1 is within what "
           "the measurement resolves. For single queries on 1 thread both sides run the same FAISS kernel (normrank over "
           "392 columns instead of 384, plus Python work per call), so a ratio above 1 there means the difference "
           "is within the noise; batches run different kernels. Read the 1-thread rows: at 100k and 1M documents the scan "
-          "is bound by memory, dominates, and the blend costs little. At 10k the vectors (15 MB) fit in the "
-          "last-level cache and a scan takes about 0.27 ms. The extra columns cost little there (a side "
-          "measurement with equal pages put 384 and 392 columns at 286 µs), but normrank's fixed per-call "
+          "is bound by memory, dominates, and the blend costs little. " + scan_words + "The extra columns cost "
+          "little there (the per-step table's two scans; on the AMD EPYC machine of runs A-F a side measurement "
+          "with equal pages put 384 and 392 columns at 286 µs), but normrank's fixed per-call "
           "Python work (validation, id mapping, building `Hit` objects; the per-step table gives it for one "
           "query) is 10-20% of a query. It is not the benchmark emptying the caches between turns (with 8 calls "
           "per turn instead of one the ratios were the same), but each call's own scan, which leaves the caches "
