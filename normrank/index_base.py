@@ -88,8 +88,8 @@ def _check_k(k: Any) -> int:
     return check_option("k", k)
 
 
-#: Below this many documents behind the document calibration, every add or delete that leaves documents
-#: the fit did not see refits it: a fit on a handful of norms is noise (a store filled one node at a time
+#: Below this many documents behind the document calibration, every delete, and every add past the number
+#: it was fitted on, refits it: a fit on a handful of norms is noise (a store filled one node at a time
 #: kept a one-document fit, and its blend went flat), and refitting that few costs nothing. From there on
 #: it is refitted when the corpus doubles or half of it has been deleted (:func:`needs_recalibration`).
 SMALL_CALIBRATION = 40
@@ -156,9 +156,9 @@ def needs_recalibration(auto: bool, count: int, n_fitted: int, removed: int = 0)
     """Whether an add or a delete should refit an automatic document calibration (``count`` documents held
     after it, ``n_fitted`` behind the calibration, ``removed`` deleted since the fit).
 
-    - While fewer than :data:`SMALL_CALIBRATION` documents inform it: whenever the index holds documents
-      the fit did not see (more than it was fitted on, or any deleted since). Why: a store filled, then
-      pruned, then filled again kept a fit on 30 documents while it held 17 others.
+    - While fewer than :data:`SMALL_CALIBRATION` documents inform it: after any delete since the fit, and
+      whenever the index holds more documents than it was fitted on. Why: a store filled, then pruned, then
+      filled again kept a fit on 30 documents while it held 17 others.
     - From there on: when the corpus has doubled, or once documents deleted since the fit reach half the
       number it was fitted on. Why the last: a corpus whose deletes kept pace with its adds never doubled,
       so its calibration stayed the one fitted on documents long gone (every top-10 of 50 differed from a

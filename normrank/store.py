@@ -335,10 +335,7 @@ class NormIndex(BlendIndexBase):
             self._docs.append(new_ids, text_list, metas, norms, counts, g)
             if fitted_now:
                 self._removed_since_calibration = 0
-            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
-                                   self._removed_since_calibration):
-                self.recalibrate()  # rebuilds the index, and asks for huge pages for the new one
-            else:
+            if not self._refit_if_due():  # a refit rebuilds the index, and asks for huge pages for the new one
                 _huge_pages_for(self._index)
             return new_ids
 
@@ -409,29 +406,54 @@ class NormIndex(BlendIndexBase):
         An automatic calibration is refitted once enough has been deleted (:func:`needs_recalibration`).
         """
         with self._lock:
-            removed = self._delete_for_upsert(ids)
-            if needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
-                                   self._removed_since_calibration):
-                self.recalibrate()
+            removed = self._mark_deleted(ids)
+            if removed and not self._refit_if_due():  # a refit rebuilds the index: no compaction needed
+                self._compact_if_due()
             return removed
 
     def _delete_for_upsert(self, ids: Iterable[str]) -> int:
         """:meth:`delete` without the refit: an upsert's add right after decides it (on the documents it
         ends with), and one it refuses puts the deleted documents back under the same calibration."""
         with self._lock:
-            internal = np.unique(self._docs.internal_ids(_check_ids(ids), "unknown ids, nothing deleted"))
-            if internal.size == 0:
-                return 0
-            # Tombstones, compacted in batches: removing from FAISS rewrites the whole index (and the
-            # IDMap2 reverse map), which made one-at-a-time deletes quadratic (67 ms per id at 80k docs).
-            self._tombstones.update(internal.tolist())
-            self._tombstone_array = None
-            self._docs.remove(internal.tolist())
-            self._removed_since_calibration += int(internal.size)
-            limit = max(1000, len(self)) if self.index_type == "hnsw" else max(256, len(self) // 64)
-            if len(self._tombstones) > limit:
-                self._compact()
-            return int(internal.size)
+            removed = self._mark_deleted(ids)
+            self._compact_if_due()
+            return removed
+
+    def _mark_deleted(self, ids: Iterable[str]) -> int:
+        internal = np.unique(self._docs.internal_ids(_check_ids(ids), "unknown ids, nothing deleted"))
+        if internal.size == 0:
+            return 0
+        # Tombstones, compacted in batches: removing from FAISS rewrites the whole index (and the
+        # IDMap2 reverse map), which made one-at-a-time deletes quadratic (67 ms per id at 80k docs).
+        self._tombstones.update(internal.tolist())
+        self._tombstone_array = None
+        self._docs.remove(internal.tolist())
+        self._removed_since_calibration += int(internal.size)
+        return int(internal.size)
+
+    def _compact_if_due(self) -> None:
+        limit = max(1000, len(self)) if self.index_type == "hnsw" else max(256, len(self) // 64)
+        if len(self._tombstones) > limit:
+            self._compact()
+
+    def _refit_if_due(self) -> bool:
+        """Refit an automatic calibration where :func:`needs_recalibration` says so; whether it was.
+
+        A refit that fails (the rebuild holds the old and the new index at once, so memory can run out)
+        is logged, not raised: :meth:`recalibrate` has put the old calibration and index back, the add or
+        delete that asked for it has happened and stays (a delete that raised with its documents gone
+        told the caller nothing was deleted), and the next add or delete tries again."""
+        if not needs_recalibration(self._auto_calibrated, len(self), self.calibrator.n_fitted,
+                                   self._removed_since_calibration):
+            return False
+        try:
+            self.recalibrate()
+        except Exception as exc:  # noqa: BLE001 - named in the log; the index is whole and the change stays
+            logger.warning("the automatic calibration could not be refitted (%s: %s); the documents are "
+                           "searched under the previous one until the next add or delete refits it",
+                           type(exc).__name__, exc)
+            return False
+        return True
 
     def _compact(self) -> None:
         """Drop deleted documents from FAISS itself (HNSW by rebuilding its graph); searches look the same."""
@@ -767,8 +789,10 @@ class NormIndex(BlendIndexBase):
             if not (math.isfinite(norm) and 1e-12 < norm <= FLOAT32_MAX):  # NaN or inf anywhere makes the norm so
                 return None  # the general path names it
             inner, labels = self._flat_parts()
+            # a flat search asks for one more, to see equal scores across the cut (_cut_between_ties)
+            kk = k + 1 if self.index_type == "flat" and k < inner.ntotal else k
             # ours alone while we hold the lock
-            q_row, q_view, q_ptr, scores, pos, s_ptr, p_ptr, s_view, p_view = self._single_query_buffers(inner.d, k)
+            q_row, q_view, q_ptr, scores, pos, s_ptr, p_ptr, s_view, p_view = self._single_query_buffers(inner.d, kk)
             np.divide(v, np.float32(norm), out=q_row)
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
@@ -776,22 +800,25 @@ class NormIndex(BlendIndexBase):
             # search_c: FAISS's own call minus its Python wrapper's argument checks (done above); a flat
             # index on one thread: FAISS's per-query kernel, not its database-parallel path (at_most_threads)
             if self.index_type == "flat":
-                at_most_threads(1, inner.search_c, 1, q_ptr, k, s_ptr, p_ptr)
+                at_most_threads(1, inner.search_c, 1, q_ptr, kk, s_ptr, p_ptr)
+                if kk > k and s_view[k - 1] == s_view[k]:  # equal scores across the cut: the general path
+                    return None
             else:
                 inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
                 if p_view[k - 1] < 0:  # an HNSW walk came back short of k: the general path scores it exactly
                     return None
             if wts.mode == "additive":
-                positions = p_view.tolist()
+                positions = p_view[:k].tolist()
                 if not self._positions_are_ids:
                     lab = self._labels_view
                     positions = [lab[p] if p >= 0 else -1 for p in positions]
-                positions, values = _untied(positions, s_view.tolist())
+                positions, values = _untied(positions, s_view[:k].tolist())
                 if arrays:
                     return self._additive_arrays(positions, values, float(w))
                 return self._additive_hits(positions, values, float(w))
-            row = pos[0]  # k hits: flat always, HNSW past the check above
-            rows, row_scores = _ties_by_id((row if self._positions_are_ids else labels[row])[None], scores[0][None])
+            row = pos[0, :k]  # k hits: flat always, HNSW past the check above
+            rows, row_scores = _ties_by_id((row if self._positions_are_ids else labels[row])[None],
+                                           scores[0, :k][None])
             return self._hits(rows[0], row_scores[0], w, all_valid=True)
 
     def _single_query_buffers(self, width: int, k: int) -> tuple[Any, ...]:
@@ -824,15 +851,18 @@ class NormIndex(BlendIndexBase):
     def _raw_search(self, qaug: np.ndarray, k: int, allowed: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         if allowed is None and self._tombstones and self.index_type == "flat":
             return self._search_past_tombstones(qaug, k)
-        params = None
+        params, live = None, np.zeros(0, dtype=np.int64)
         if allowed is not None or self._tombstones:
             if allowed is not None:
                 live = np.setdiff1d(allowed, self._dead()) if self._tombstones else allowed
                 sel = faiss.IDSelectorBatch(live)
-            else:
+            else:  # HNSW or IVF with deletes pending (a flat index takes _search_past_tombstones)
                 sel = faiss.IDSelectorNot(faiss.IDSelectorBatch(self._dead()))
             params = self._search_params(sel)
-        if params is not None:
+        if params is not None and self.index_type == "flat":  # a filter: exact, ties at the cut as elsewhere
+            scores, ids = _cut_between_ties(lambda q, m: self._index.search(q, m, params=params), qaug, k,
+                                            int(live.size))
+        elif params is not None:
             scores, ids = self._index.search(qaug, k, params=params)
         elif self.index_type == "ivf":
             scores, ids = self._index.search(qaug, k)
@@ -861,6 +891,13 @@ class NormIndex(BlendIndexBase):
         return scores, ids
 
     def _search_unmapped(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_search_kernel`; on a flat index with equal scores across the cut broken by the lowest
+        internal id (:func:`_cut_between_ties`), as every other exact path breaks them."""
+        if self.index_type != "flat":
+            return self._search_kernel(qaug, k)
+        return _cut_between_ties(self._search_kernel, qaug, k, int(self._index.ntotal))
+
+    def _search_kernel(self, qaug: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Search the inner index and map positions to ids in numpy.
 
         ``IndexIDMap2.search`` translates labels in an OpenMP parallel region on every call;
@@ -1369,14 +1406,49 @@ APPROXIMATE_WEIGHT_LIMIT = 0.25
 def _untied(ids: list[int], scores: list[float]) -> tuple[list[int], list[float]]:
     """One result row with equal scores in ascending internal id (insertion order).
 
-    Why: FAISS's heaps keep the first-seen of equal scores but return them in descending id, so among
-    duplicates the top-3 was ``dup02, dup01, dup00`` and the top-4 began with ``dup03``: a top-k that is not
-    the start of the top-(k+1) changes the first hit with k, and pages of results overlap. pgvector's
-    ``ORDER BY dist, seq`` and the multiplicative blend already break ties this way."""
+    Why: FAISS's heaps return equal scores in descending id, so among duplicates the top-3 was
+    ``dup02, dup01, dup00`` and the top-4 began with ``dup03``: a top-k that is not the start of the
+    top-(k+1) changes the first hit with k, and pages of results overlap. Which equal scores make the cut
+    is :func:`_cut_between_ties`'s part. pgvector's ``ORDER BY dist, seq`` and the multiplicative blend
+    already break ties this way."""
     if len(set(scores)) == len(scores):  # no two equal (a set costs less than a pairwise scan)
         return ids, scores
     order = sorted(range(len(ids)), key=lambda i: (-scores[i], ids[i] < 0, ids[i]))
     return [ids[i] for i in order], [scores[i] for i in order]
+
+
+def _cut_between_ties(search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]], q: np.ndarray, k: int,
+                      n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``search(q, k)`` (exact: scores and internal ids, best first, of ``n`` searchable documents), with
+    equal scores across the cut kept by lowest internal id (insertion order).
+
+    Why: FAISS's heaps keep the first-seen of equal scores only until a better score arrives; then they
+    drop the earlier one. Duplicates ``dup0..dup2`` inserted before a better document gave
+    ``best, dup1`` at k=2 and ``best, dup1, dup2`` at k=3, where the order promised (and given by pgvector,
+    and by this index's other paths) is ``best, dup0, dup1``: the top-k was not the start of the
+    top-(k+1), and pages overlapped. One more score per row shows a tie across the cut; the rows that
+    have one are searched again, wider, until the tie is inside, then cut in (score, id) order. The
+    search is repeated for the whole batch, so every row's scores come from the same kernel."""
+    if k >= n:
+        return search(q, k)
+    scores, ids = search(q, k + 1)
+    edge = scores[:, k - 1]
+    tied = np.flatnonzero(edge == scores[:, k])
+    if tied.size == 0:
+        return scores[:, :k], ids[:, :k]
+    m, wide_s, wide_i = k + 1, scores, ids  # with k + 1 = n every document is in already
+    while m < n:
+        m = min(n, 2 * m)
+        wide_s, wide_i = search(q, m)
+        if bool(np.all(wide_s[tied, m - 1] < edge[tied])):
+            break
+    out_s, out_i = scores[:, :k].copy(), ids[:, :k].copy()
+    for r in tied.tolist():
+        s, i = wide_s[r], wide_i[r]
+        s, i = s[i >= 0], i[i >= 0]
+        order = np.lexsort((i, -s.astype(np.float64)))[:k]
+        out_s[r, : order.size], out_i[r, : order.size] = s[order], i[order]
+    return out_s, out_i
 
 
 def _ties_by_id(ids: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -940,6 +940,39 @@ def test_a_sync_that_only_deletes_refits_the_automatic_calibration(index_type):
     _same_top10(index, fresh)
 
 
+def test_a_refit_that_fails_leaves_the_delete_or_add_done_and_is_tried_again(monkeypatch, caplog):
+    """A delete whose refit ran out of memory raised MemoryError with its documents gone: the caller was
+    told nothing was deleted. The delete (or add) stands, the old calibration and index stay whole, the
+    failure is logged, and the next change refits."""
+    vecs, counts = synthetic(160, dim=DIM, seed=9)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(vecs[:100], counts[:100], ids=[f"d{i}" for i in range(100)])
+    before = index.calibrator.to_dict()
+    real, calls = NormIndex._rebuild, []
+
+    def out_of_memory_once(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("the rebuild did not fit")
+        return real(self)
+
+    monkeypatch.setattr(NormIndex, "_rebuild", out_of_memory_once)
+    with caplog.at_level("WARNING", logger="normrank.store"):
+        assert index.delete([f"d{i}" for i in range(50)]) == 50
+    assert "could not be refitted (MemoryError" in caplog.text
+    assert len(index) == 50 and "d0" not in index and index.calibrator.to_dict() == before
+    same = NormIndex(dim=DIM, weights=Weights(a=0.05), calibrator=NormCalibrator.from_dict(before))
+    same.add_vectors(vecs[50:100], counts[50:100], ids=[f"d{i}" for i in range(50, 100)])
+    _same_top10(index, same)
+    index.delete(["d50"])  # tried again, and done
+    assert index.calibrator.n_fitted == 49 and index._removed_since_calibration == 0
+    calls.clear()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="normrank.store"):  # an add whose refit fails: stored all the same
+        index.add_vectors(vecs[100:160], counts[100:160], ids=[f"n{i}" for i in range(60)])
+    assert "could not be refitted" in caplog.text and len(index) == 109 and index.calibrator.n_fitted == 49
+
+
 def test_a_calibration_set_by_hand_is_not_refitted_by_deletes():
     vecs, counts = synthetic(400, dim=DIM, seed=6)
     mine = _fitted_on(vecs, counts)

@@ -218,9 +218,11 @@ def test_unpadded_index_still_answers_the_same(built) -> None:
 
 def test_single_searches_reuse_small_result_rows_and_never_keep_large_ones(built) -> None:
     """Result rows are reused between single searches for the usual k; a huge k gets rows of its own
-    (not kept: 12 bytes per result), and every k answers the brute-force blend."""
+    (not kept: 12 bytes per result), and every k answers the brute-force blend. A flat index's rows hold
+    one more than ``k``: the next score shows equal scores across the cut (``_cut_between_ties``)."""
     index, raw, counts, ids, queries = built
-    for k, kept in ((10, 10), (3, 3), (store_mod._KEPT_K_MAX + 1, 3), (10, 10)):
+    assert index.index_type == "flat"
+    for k, kept in ((10, 11), (3, 4), (store_mod._KEPT_K_MAX + 1, 4), (10, 11)):
         for q in queries[:3]:
             _check(index.search(q, k), *_brute(index, raw, counts, ids, q, k))
         assert index._query_buf[1] == index._query_buf[6].shape[1] == kept
