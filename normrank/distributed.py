@@ -234,10 +234,9 @@ class EncodedCorpus:
         from normrank.pgvector_store import PgVectorNormIndex
 
         if len(index) == 0:
-            index.calibrator = NormCalibrator.from_dict(self.calibrator.to_dict())
             # fitted on exactly what comes next: what was deleted before (an index emptied by deletes, a
             # LlamaIndex clear()) is no reason to refit it (needs_recalibration); it refitted four times
-            index._removed_since_calibration = 0
+            index._take_corpus_calibration(NormCalibrator.from_dict(self.calibrator.to_dict()))
         deferred = isinstance(index, PgVectorNormIndex) and len(index) == 0 and index.index_type == "hnsw"
         if deferred:
             index.set_index_type("flat")

@@ -411,6 +411,13 @@ class NormIndex(BlendIndexBase):
                 self._compact_if_due()
             return removed
 
+    def _take_corpus_calibration(self, calibrator: NormCalibrator) -> None:
+        """An empty index takes a corpus's calibration (``EncodedCorpus.into``), fitted on exactly the
+        documents that come next: nothing deleted before counts towards a refit."""
+        with self._lock:
+            if not self._docs:
+                self.calibrator, self._removed_since_calibration = calibrator, 0
+
     def _delete_for_upsert(self, ids: Iterable[str]) -> int:
         """:meth:`delete` without the refit: an upsert's add right after decides it (on the documents it
         ends with), and one it refuses puts the deleted documents back under the same calibration."""

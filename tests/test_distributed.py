@@ -216,3 +216,28 @@ def test_into_an_index_emptied_by_deletes_keeps_the_corpus_calibration(ray_run, 
     q = ref_vecs[3]
     assert [(h.id, round(h.score, 6)) for h in used.search(q, 10)] == \
            [(h.id, round(h.score, 6)) for h in index.search(q, 10)]
+
+
+def test_into_a_table_emptied_by_deletes_keeps_the_corpus_calibration(ray_run, reference, pg_dsn,
+                                                                      pg_table_factory):
+    """As for FAISS, on pgvector: the calibration `into` gave the emptied table lived on the handle only, and
+    the next write re-read the table's own (fitted on the deleted rows): it ended fitted on 200 of 300."""
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    index, corpus, _ = ray_run
+    ref_vecs, ref_counts, ref_ids, _ = reference
+    pg = PgVectorNormIndex(pg_dsn, pg_table_factory("into_emptied"), weights=index.weights)
+    try:
+        pg.add_vectors(ref_vecs * 1.5, ref_counts, ids=[f"old{i}" for i in range(len(ref_ids))])
+        for old in pg.ids():  # one at a time, as a framework's per-document delete does
+            pg.delete([old])
+        corpus.into(pg, rows=10)
+        reader = PgVectorNormIndex(pg_dsn, pg.table)
+        assert reader.calibrator.to_dict() == corpus.calibrator.to_dict()  # kept, and in the state row
+        assert sorted(reader.ids()) == sorted(index.ids())
+        q = ref_vecs[3]
+        assert [(h.id, round(h.score, 5)) for h in reader.search(q, 10)] == \
+               [(h.id, round(h.score, 5)) for h in index.search(q, 10)]
+        reader.close()
+    finally:
+        pg.close()
