@@ -186,6 +186,17 @@ class SearchableIndex(Protocol):
                   metadatas: Sequence[Mapping[str, Any]] | None = None) -> list[str]: ...
 
 
+def locked(index: Any) -> Any:
+    """The index's own (re-entrant) lock as a context manager, or a no-op for an index without one.
+
+    For adapters that read the index twice for one answer (MMR: the hits, then their vectors; LlamaIndex:
+    which ids restrict, then the search): the store's own lock keeps out only that store's writers, and
+    another store, retriever or thread on the same index changed it in between (an ``UnknownIdError`` for an
+    id the caller never named, or hits from one state with vectors from another). Take it inside the
+    store's lock, never around it, as ``upsert_vectors`` does."""
+    return getattr(index, "_lock", None) or contextlib.nullcontext()
+
+
 def upsert_vectors(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: list[str],
                    texts: Sequence[str | None], metadatas: Sequence[Mapping[str, Any]]) -> list[str]:
     """Add a batch, replacing the documents whose ids the index holds (the frameworks' upsert); if the
@@ -199,7 +210,7 @@ def upsert_vectors(index: Any, vectors: np.ndarray, counts: Sequence[int], ids: 
     native = getattr(index, "upsert_vectors", None)
     if native is not None:
         return native(vectors, counts, ids=ids, texts=texts, metadatas=metadatas)
-    with getattr(index, "_lock", None) or contextlib.nullcontext():
+    with locked(index):
         return _delete_then_add(index, vectors, counts, ids, texts, metadatas)
 
 

@@ -76,7 +76,7 @@ from normrank.errors import (
     UnknownIdError,
 )
 from normrank.filters import check_filter
-from normrank.index_base import held_documents, search_up_to, upsert_vectors
+from normrank.index_base import held_documents, locked, search_up_to, upsert_vectors
 from normrank.mmr import check_lambda, mmr_select
 from normrank.scoring import Hit
 from normrank.store import NormIndex, SearchableIndex
@@ -524,7 +524,7 @@ class NormRankVectorStore(VectorStore):
             q, count = self._query(query)  # type: ignore[arg-type]
         else:
             q, count = vec, query_token_count
-        with self._rw.read():
+        with self._rw.read(), locked(self.index):  # the hits and their vectors from one state of the index
             hits = self._hits(q, fetch_k, flt, count)
             if len(hits) <= 1:
                 return hits[:k]

@@ -286,6 +286,35 @@ def test_a_replacement_is_never_seen_half_done_by_other_readers_of_the_index(enc
     assert len(other.similarity_search("blood sugar", k=12)) == 12
 
 
+def test_mmr_reads_its_hits_and_their_vectors_from_one_state_of_a_shared_index(encoder, demo_texts, demo_encoded):
+    """MMR searched, then fetched the hits' vectors: another store or thread on the same ``NormIndex`` deleting
+    a hit in between made the retrieval raise ``UnknownIdError`` for an id the caller never named (105 of 400
+    retrievals in a hunt), or mix the hits of one state with the vectors of another. Here a delete starts the
+    moment the search returns: it must wait, and the answer be the one before it."""
+    deleters: list[threading.Thread] = []
+
+    class Watched(NormIndex):
+        def search(self, *args, **kwargs):
+            hits = super().search(*args, **kwargs)
+            if arm and not deleters:
+                deleters.append(threading.Thread(target=self.delete, args=([hits[0].id],)))
+                deleters[0].start()
+                deleters[0].join(0.5)  # blocked until MMR has its vectors, or (before the fix) done at once
+            return hits
+
+    vecs, counts = demo_encoded
+    index = Watched(encoder, weights=WEIGHTS)
+    index.add_vectors(vecs[:30], counts[:30], ids=[f"d{i}" for i in range(30)], texts=demo_texts[:30])
+    store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=index)
+    arm = False
+    before = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
+    arm = True
+    during = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
+    deleters[0].join(10)
+    assert during == before
+    assert len(store) == 29 and len(store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)) == 4
+
+
 def test_metadata_using_the_explanation_key_is_refused_and_nothing_changes(store):
     n = len(store)
     with pytest.raises(InvalidArgumentError, match="'normrank'"):

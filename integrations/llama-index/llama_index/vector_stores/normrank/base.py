@@ -77,7 +77,7 @@ from normrank.errors import (
     UnknownIdError,
 )
 from normrank.filters import MAX_FILTER_DEPTH
-from normrank.index_base import held_documents, search_up_to, upsert_vectors
+from normrank.index_base import held_documents, locked, search_up_to, upsert_vectors
 from normrank.mmr import check_lambda, mmr_select
 from normrank.scoring import Hit
 from normrank.store import NormIndex, Record, SearchableIndex
@@ -599,7 +599,9 @@ class NormRankVectorStore(BasePydanticVectorStore):
         else:
             vecs, counts = encoder.encode_with_counts([text])
             vector, count = vecs[0], int(counts[0])
-        with self._lock:  # k clamped to what the index holds when it searches (another handle may delete)
+        # k clamped to what the index holds when it searches; the index's own lock too: another handle on it
+        # changed it between the restriction read below and the search, or between MMR's hits and vectors
+        with self._lock, locked(self._index):
             # read against the nodes held now: an add through this store cannot slip past a restriction
             node_ids = None if self._is_nodes_dict(query.node_ids) else query.node_ids
             predicate = _combine(query.filters, node_ids, query.doc_ids)
