@@ -123,3 +123,31 @@ def test_a_tie_group_wider_than_the_first_widening_is_still_cut_by_insertion_ord
         want = ["best"] + [f"dup{i:02d}" for i in range(k - 1)]
         assert [h.id for h in index.search(base * 3, k)] == want
         assert [h.id for h in index.search_batch([base * 3] * 9, k)[8]] == want
+
+
+def test_only_the_rows_with_a_tie_at_the_cut_are_searched_again_with_the_batch_kernel(monkeypatch):
+    """A whole batch was searched again, ever wider, for one row with a tie at the cut (3 s instead of 22 ms for
+    64 queries over 200k documents, 50k of them duplicates). Only the tied rows are, repeated to the batch
+    size the batch's kernel needs, so their scores are still the batch kernel's to the last bit."""
+    from normrank.batch_topk import SGEMM_MIN_BATCH
+
+    vecs, counts, ids, q = _better_after_duplicates()
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(vecs, counts, ids=ids)
+    rng = np.random.default_rng(5)
+    batch = np.vstack([q, rng.normal(size=(63, DIM)).astype(np.float32)])  # row 0 ties at k=2 and 3
+    full = index.search_arrays(batch, len(ids))
+    rows_searched: list[int] = []
+    real = NormIndex._search_kernel
+
+    def spy(self, qaug, k):
+        rows_searched.append(qaug.shape[0])
+        return real(self, qaug, k)
+
+    monkeypatch.setattr(NormIndex, "_search_kernel", spy)
+    for k in (2, 3):
+        rows_searched.clear()
+        got = index.search_arrays(batch, k)
+        assert rows_searched[0] == 64 and all(r == SGEMM_MIN_BATCH for r in rows_searched[1:]), rows_searched
+        assert got.ids == [row[:k] for row in full.ids]
+        assert np.array_equal(got.scores, full.scores[:, :k])  # the same kernel's scores, bit for bit
