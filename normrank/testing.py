@@ -9,9 +9,11 @@ nothing else in normrank imports it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,29 @@ from normrank.datasets import demo_rows
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+def index_deleting_its_top_hit(encoder: Any, **kwargs: Any) -> Any:
+    """A ``NormIndex`` whose first search after ``index.armed = True`` starts another thread that deletes
+    the top hit, and waits up to 0.5 s for it (``index.deleter``).
+
+    For race tests of adapters that read the index twice for one answer: one that holds the index's own
+    lock across its reads makes the delete wait until it is done; one that does not sees it in between."""
+    from normrank.store import NormIndex
+
+    class DeletingIndex(NormIndex):
+        armed = False
+        deleter: threading.Thread | None = None
+
+        def search(self, *args: Any, **kw: Any) -> Any:
+            hits = super().search(*args, **kw)
+            if self.armed and self.deleter is None:
+                self.deleter = threading.Thread(target=self.delete, args=([hits[0].id],))
+                self.deleter.start()
+                self.deleter.join(0.5)
+            return hits
+
+    return DeletingIndex(encoder, **kwargs)
+
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     """Poll ``condition`` until it holds or ``timeout`` seconds pass; whether it held. Concurrency tests

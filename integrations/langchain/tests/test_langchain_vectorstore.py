@@ -30,6 +30,7 @@ from langchain_normrank import NormRankEmbeddings, NormRankVectorStore, NormRank
 from langchain_normrank.vectorstores import approximate_token_counts, blended_relevance  # noqa: E402
 from normrank import NormIndex, Weights  # noqa: E402
 from normrank.datasets import demo_rows  # noqa: E402
+from normrank.testing import index_deleting_its_top_hit  # noqa: E402
 from normrank.errors import (  # noqa: E402
     EmptyCorpusError,
     IndexFormatError,
@@ -291,26 +292,14 @@ def test_mmr_reads_its_hits_and_their_vectors_from_one_state_of_a_shared_index(e
     a hit in between made the retrieval raise ``UnknownIdError`` for an id the caller never named (105 of 400
     retrievals in a hunt), or mix the hits of one state with the vectors of another. Here a delete starts the
     moment the search returns: it must wait, and the answer be the one before it."""
-    deleters: list[threading.Thread] = []
-
-    class Watched(NormIndex):
-        def search(self, *args, **kwargs):
-            hits = super().search(*args, **kwargs)
-            if arm and not deleters:
-                deleters.append(threading.Thread(target=self.delete, args=([hits[0].id],)))
-                deleters[0].start()
-                deleters[0].join(0.5)  # blocked until MMR has its vectors, or (before the fix) done at once
-            return hits
-
     vecs, counts = demo_encoded
-    index = Watched(encoder, weights=WEIGHTS)
+    index = index_deleting_its_top_hit(encoder, weights=WEIGHTS)
     index.add_vectors(vecs[:30], counts[:30], ids=[f"d{i}" for i in range(30)], texts=demo_texts[:30])
     store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=index)
-    arm = False
     before = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
-    arm = True
+    index.armed = True
     during = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
-    deleters[0].join(10)
+    index.deleter.join(10)
     assert during == before
     assert len(store) == 29 and len(store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)) == 4
 

@@ -37,6 +37,7 @@ from llama_index.embeddings.normrank import NormRankEmbedding  # noqa: E402
 from llama_index.vector_stores.normrank import NormRankVectorStore, metadata_filter  # noqa: E402
 from normrank import NormIndex, Weights  # noqa: E402
 from normrank.datasets import demo_rows  # noqa: E402
+from normrank.testing import index_deleting_its_top_hit  # noqa: E402
 from normrank.errors import (  # noqa: E402
     DimensionMismatchError,
     DuplicateIdError,
@@ -260,26 +261,14 @@ def test_mmr_reads_its_hits_and_their_vectors_from_one_state_of_a_shared_index(e
     """The MMR branch searched, then fetched the hits' vectors, under the store's lock only: a delete through
     another handle on the same index in between raised ``UnknownIdError`` for an id the query never named (3
     of 150 MMR queries in a hunt). A delete that starts the moment the search returns must wait."""
-    deleters: list[threading.Thread] = []
-
-    class Watched(NormIndex):
-        def search(self, *args, **kwargs):
-            hits = super().search(*args, **kwargs)
-            if arm and not deleters:
-                deleters.append(threading.Thread(target=self.delete, args=([hits[0].id],)))
-                deleters[0].start()
-                deleters[0].join(0.5)  # blocked until the vectors are read, or (before the fix) done at once
-            return hits
-
-    index = Watched(encoder, weights=Weights(a=0.05))
+    index = index_deleting_its_top_hit(encoder, weights=Weights(a=0.05))
     index.add_texts(list(demo_texts[:30]), ids=[f"n{i}" for i in range(30)])
     store = NormRankVectorStore(index)
     q = VectorStoreQuery(query_str=demo_texts[0][:60], similarity_top_k=4, mode=VectorStoreQueryMode.MMR)
-    arm = False
     before = store.query(q, mmr_prefetch_k=10).ids
-    arm = True
+    index.armed = True
     during = store.query(q, mmr_prefetch_k=10).ids
-    deleters[0].join(10)
+    index.deleter.join(10)
     assert during == before and len(index) == 29
 
 
