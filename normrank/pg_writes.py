@@ -173,8 +173,7 @@ class PgWriteMixin:
         if fitted_now:
             self._removed_since_calibration = 0
         self._column_key = self._current_column_key()
-        if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
-                               self._removed_since_calibration):
+        if self._calibration_due():
             self._recalibrate(cur)
         elif first:
             self._create_vector_index(cur)
@@ -218,6 +217,11 @@ class PgWriteMixin:
         self._create_vector_index(cur)
         self._column_key = self._current_column_key()
 
+    def _calibration_due(self) -> bool:
+        """Whether the add or delete just made should refit the automatic calibration (:func:`needs_recalibration`)."""
+        return needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
+                                   self._removed_since_calibration)
+
     def _take_corpus_calibration(self, calibrator: NormCalibrator) -> None:
         """An empty table takes a corpus's calibration (``EncodedCorpus.into``), in the state row.
 
@@ -246,8 +250,7 @@ class PgWriteMixin:
                 raise UnknownIdError(f"unknown ids, nothing deleted: {missing[:5]}")
             self._count -= len(gone)
             self._removed_since_calibration += len(gone)
-            if needs_recalibration(self._auto_calibrated, self._count, self.calibrator.n_fitted,
-                                   self._removed_since_calibration):
+            if self._calibration_due():
                 self._recalibrate(cur)  # a sync that only deletes never reached an add to refit it
             return len(gone)
 

@@ -1450,9 +1450,9 @@ def _cut_between_ties(search: Callable[[np.ndarray, int], tuple[np.ndarray, np.n
         return search(q, k)
     scores, ids = search(q, k + 1)
     tied = np.flatnonzero(scores[:, k - 1] == scores[:, k])
+    out_s, out_i = np.ascontiguousarray(scores[:, :k]), np.ascontiguousarray(ids[:, :k])  # as search gave them
     if tied.size == 0:
-        return scores[:, :k], ids[:, :k]
-    out_s, out_i = scores[:, :k].copy(), ids[:, :k].copy()
+        return out_s, out_i
     rows, m = q[tied], k + 1
     if rows.shape[0] < kernel_rows <= q.shape[0]:
         rows = np.resize(rows, (kernel_rows, q.shape[1]))  # the tied rows first, repeated

@@ -22,6 +22,7 @@ from normrank.datasets import demo_rows
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+
 def index_deleting_its_top_hit(encoder: Any, **kwargs: Any) -> Any:
     """A ``NormIndex`` whose first search after ``index.armed = True`` starts another thread that deletes
     the top hit, and waits up to 0.5 s for it (``index.deleter``).
