@@ -62,6 +62,7 @@ class DocColumns:
         self._live: np.ndarray | None = None
         self._id_array: np.ndarray | None = None  # ids as an object array: built by the first id_array()
         self._views: tuple[memoryview, memoryview, memoryview] | None = None  # see views()
+        self._hit_columns: tuple[Any, ...] | None = None  # see hit_columns()
 
     # ------------------------------------------------------------ size
     def __len__(self) -> int:
@@ -92,7 +93,7 @@ class DocColumns:
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.size] = old
             setattr(self, name, new)
-        self._views = None
+        self._views = self._hit_columns = None
 
     # ------------------------------------------------------------ changing
     def append(self, ids: Sequence[str], texts: Sequence[str | None], metas: Sequence[dict[str, Any]],
@@ -147,7 +148,7 @@ class DocColumns:
             setattr(self, name, new)
         self.alive = np.zeros(cap, dtype=bool)
         self.alive[:n] = True
-        self._by_id, self._live, self._id_array, self._views = None, None, None, None
+        self._by_id, self._live, self._id_array, self._views, self._hit_columns = None, None, None, None, None
         return live
 
     def set_g(self, internal: np.ndarray, g: np.ndarray) -> None:
@@ -181,6 +182,13 @@ class DocColumns:
         if self._views is None:
             self._views = (memoryview(self.norms), memoryview(self.counts), memoryview(self.g))
         return self._views
+
+    def hit_columns(self) -> tuple[Any, ...]:
+        """What a ``Hit`` is built from, in one tuple: ids, texts and metadata (the lists) and :meth:`views`;
+        :func:`normrank.fastpath.hit_rows` reads it. Rebuilt when the columns grow or are renumbered."""
+        if self._hit_columns is None:
+            self._hit_columns = (self.ids, self.texts, self.metas, *self.views())
+        return self._hit_columns
 
     def internal_ids(self, wanted: Sequence[str], unknown: str = "unknown ids") -> np.ndarray:
         """Internal ids of ``wanted``, in order; ``UnknownIdError`` naming up to five missing ones."""

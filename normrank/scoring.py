@@ -194,9 +194,13 @@ def multiplicative_bound(last_cosine: float, w: float) -> float:
 SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Hit:
     """One result with its explanation; compares by value, so tests can compare runs.
+
+    Slots, not a ``__dict__``: a search builds one per result, and a hit without a dict is about a third
+    of the memory to write, which on the caches a scan has just emptied was ~10 us of a 10k-document
+    single query (benchmarks/results/speed.md).
 
     ``cosine`` is what a plain vector store would rank by, ``norm`` the raw embedding norm,
     ``norm_feature`` the shaped calibrated feature ``g(d)``, ``weight`` the query's ``w(q)``,

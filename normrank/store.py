@@ -45,7 +45,6 @@ import numpy as np
 
 from normrank import huge_pages
 from normrank._validation import (
-    FLOAT32_MAX,
     check_adapter_entry,
     check_adapter_state,
     check_option,
@@ -53,7 +52,7 @@ from normrank._validation import (
 from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
-from normrank.doc_columns import COLUMN_FILES, DocColumns, copy_metadata
+from normrank.doc_columns import COLUMN_FILES, DocColumns
 from normrank.encoders import RawEncoder, encoder_from_settings, warn_if_other_encoder
 from normrank.errors import (
     ConcurrentUpdateError,
@@ -63,6 +62,7 @@ from normrank.errors import (
     InvalidArgumentError,
     PersistenceError,
 )
+from normrank.fastpath import build_hits, hit_rows, unit_into
 from normrank.filters import check_filter
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
     MAX_TOKEN_COUNT,
@@ -237,6 +237,7 @@ class NormIndex(BlendIndexBase):
         self._query_buf: tuple[Any, ...] | None = None  # see _single_query_buffers
         self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
         self._labels_view: memoryview | None = None  # _labels read without NumPy (see _additive_hits)
+        self._flat_calls: tuple[int, int, Any] = (0, 0, None)  # set with _labels (see _flat_parts)
         self._origin: tuple[str, str] | None = None  # (folder, version) loaded from or last saved: save(if_unchanged)
         #: Small JSON state a framework adapter keeps with the index, saved and loaded with it (the LlamaIndex
         #: store's deleted reference-node ids, which LlamaIndex keeps naming after the delete).
@@ -788,33 +789,34 @@ class NormIndex(BlendIndexBase):
                     or (wts.mode == "multiplicative" and not wts.is_cosine)
                     or (arrays and wts.mode != "additive")):
                 return None
-            v = np.asarray(query, dtype=np.float32)  # no copy: v is only read
-            # the batch path's float64 norm (np.linalg.norm: the same products, the same pairwise sum),
-            # in two NumPy calls instead of four: each one costs microseconds once a scan has left the
-            # caches cold
-            norm = math.sqrt(np.add.reduce(np.multiply(v, v, dtype=np.float64)))
-            if not (math.isfinite(norm) and 1e-12 < norm <= FLOAT32_MAX):  # NaN or inf anywhere makes the norm so
-                return None  # the general path names it
             inner, labels = self._flat_parts()
+            ntotal, width, search_c = self._flat_calls
             # a flat search asks for one more, to see equal scores across the cut (_cut_between_ties)
-            kk = k + 1 if self.index_type == "flat" and k < inner.ntotal else k
+            kk = k + 1 if self.index_type == "flat" and k < ntotal else k
             # ours alone while we hold the lock
-            q_row, q_view, q_ptr, scores, pos, s_ptr, p_ptr, s_view, p_view = self._single_query_buffers(inner.d, kk)
-            np.divide(v, np.float32(norm), out=q_row)
+            q_row, q_view, q_ptr, scores, pos, s_ptr, p_ptr, s_view, p_view = self._single_query_buffers(width, kk)
+            # the batch path's unit vector, to the last bit (normrank.fastpath)
+            if unit_into(query, q_row) is None:  # NaN or inf anywhere, or a zero vector
+                return None  # the general path names it
             w = wts.a
             qcol = w if wts.mode == "additive" else (wts.epsilon * float(np.sign(w)) if wts.mode == "tiebreak" else 0.0)
             q_view[self._dim] = qcol / self._column_scale  # float64 division, stored as float32
             # search_c: FAISS's own call minus its Python wrapper's argument checks (done above); a flat
             # index on one thread: FAISS's per-query kernel, not its database-parallel path (at_most_threads)
             if self.index_type == "flat":
-                at_most_threads(1, inner.search_c, 1, q_ptr, kk, s_ptr, p_ptr)
+                at_most_threads(1, search_c, 1, q_ptr, kk, s_ptr, p_ptr)
                 if kk > k and s_view[k - 1] == s_view[k]:  # equal scores across the cut: the general path
                     return None
             else:
-                inner.search_c(1, q_ptr, k, s_ptr, p_ptr)
+                search_c(1, q_ptr, k, s_ptr, p_ptr)
                 if p_view[k - 1] < 0:  # an HNSW walk came back short of k: the general path scores it exactly
                     return None
             if wts.mode == "additive":
+                if not arrays:
+                    found = hit_rows(p_view, s_view, k, float(w), None if self._positions_are_ids else labels,
+                                     self._docs.hit_columns(), True)
+                    if found is not None:
+                        return found[0]
                 positions = p_view[:k].tolist()
                 if not self._positions_are_ids:
                     lab = self._labels_view
@@ -838,15 +840,15 @@ class NormIndex(BlendIndexBase):
         Result rows for a ``k`` above :data:`_KEPT_K_MAX` are made for the call and not kept."""
         buf = self._query_buf
         if buf is not None and buf[0] == width and buf[1] == k:
-            return buf[3:]
+            return buf[3]
         q = buf[2] if buf is not None and buf[0] == width else np.zeros((1, width), dtype=np.float32)
         scores, pos = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
-        fresh = (width, k, q, q[0, : self._dim], memoryview(q).cast("B").cast("f"), faiss.swig_ptr(q), scores, pos,
+        parts = (q[0, : self._dim], memoryview(q).cast("B").cast("f"), faiss.swig_ptr(q), scores, pos,
                  faiss.swig_ptr(scores), faiss.swig_ptr(pos),
                  memoryview(scores).cast("B").cast("f"), memoryview(pos).cast("B").cast("q"))
         if k <= _KEPT_K_MAX:
-            self._query_buf = fresh
-        return fresh[3:]
+            self._query_buf = (width, k, q, parts)
+        return parts
 
     def _allowed(self, flt: MetadataFilter | None) -> np.ndarray | None:
         """Internal ids passing a filter already checked by :func:`~normrank.filters.check_filter`."""
@@ -932,6 +934,9 @@ class NormIndex(BlendIndexBase):
             self._labels = faiss.vector_to_array(self._index.id_map).astype(np.int64)
             self._inner = faiss.downcast_index(self._index.index)
             self._labels_view = memoryview(self._labels)
+            # what a single search reads of the inner index: SWIG attribute reads cost microseconds each
+            # on the caches a scan has just emptied
+            self._flat_calls = (int(self._inner.ntotal), int(self._inner.d), self._inner.search_c)
             # true until a compaction or a rebuild after deletes: then searches skip the mapping
             self._positions_are_ids = bool(np.array_equal(self._labels, np.arange(self._labels.size)))
         return self._inner, self._labels
@@ -1037,9 +1042,12 @@ class NormIndex(BlendIndexBase):
         """``[self._hits(ids[i], scores[i], w[i]) for i in rows]`` with the array work done once for the
         whole batch (per-row NumPy calls were ~40% of a 64-query batch at 10k documents); equal results."""
         d = self._docs
+        w = np.asarray(w, dtype=np.float64)
+        if self._weights.mode == "additive":
+            return hit_rows(np.ascontiguousarray(ids), np.ascontiguousarray(scores), ids.shape[1], w, None,
+                            d.hit_columns(), False)  # type: ignore[return-value]  (never None without untied)
         safe = np.maximum(ids, 0)
         g = d.g[safe]
-        w = np.asarray(w, dtype=np.float64)
         cosines = self._batch_cosines(scores, g, w)
         return [self._hit_row(*row) for row in zip(ids.tolist(), scores.tolist(), cosines.tolist(), g.tolist(),
                                                    d.norms[safe].tolist(), d.counts[safe].tolist(), w.tolist())]
@@ -1051,32 +1059,8 @@ class NormIndex(BlendIndexBase):
 
     def _hit_row(self, rows: list[int], scores: list[float], cosines: list[float], g: list[float],
                  norms: list[float], counts: list[int], w: float) -> list[Hit]:
-        """``Hit`` objects for one result row given as Python lists; padding (id -1) is skipped.
-
-        Each ``Hit`` is filled through its ``__dict__``, equal to ``Hit(...)`` without the frozen
-        dataclass's per-field ``object.__setattr__`` calls: 640 hits were ~10% of a 64-query batch
-        at 10k documents, and the plain stores take about half of ``__init__``'s time."""
-        d = self._docs
-        doc_ids, texts, metas = d.ids, d.texts, d.metas
-        new = object.__new__
-        out = []
-        for i, sc, c, gg, nrm, cnt in zip(rows, scores, cosines, g, norms, counts):
-            if i < 0:
-                continue
-            hit = new(Hit)
-            f = hit.__dict__
-            f["id"] = doc_ids[i]
-            f["score"] = sc
-            f["cosine"] = c
-            f["norm"] = nrm
-            f["norm_feature"] = gg
-            f["weight"] = w
-            f["token_count"] = cnt
-            f["text"] = texts[i]
-            m = metas[i]
-            f["metadata"] = {} if m is None else copy_metadata(m)
-            out.append(hit)
-        return out
+        """``Hit`` objects for one result row given as Python lists; padding (id -1) is skipped."""
+        return build_hits(rows, scores, cosines, g, norms, counts, w, self._docs.hit_columns())
 
     def cosine_candidates(self, queries: Sequence[str | np.ndarray], depth: int,
                           query_token_counts: Sequence[int | None] | None = None) -> CandidateSet:

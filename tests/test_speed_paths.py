@@ -225,7 +225,7 @@ def test_single_searches_reuse_small_result_rows_and_never_keep_large_ones(built
     for k, kept in ((10, 11), (3, 4), (store_mod._KEPT_K_MAX + 1, 4), (10, 11)):
         for q in queries[:3]:
             _check(index.search(q, k), *_brute(index, raw, counts, ids, q, k))
-        assert index._query_buf[1] == index._query_buf[6].shape[1] == kept
+        assert index._query_buf[1] == index._query_buf[3][4].shape[1] == kept
 
 
 @pytest.mark.parametrize("saved_with_gaps", [False, True])

@@ -1,0 +1,343 @@
+/* normrank._fastpath: the per-call work of a single search in C, with the arithmetic of the Python path.
+
+   Why C: a 10k-document scan leaves the caches cold, and the Python work around it (the query's norm in
+   NumPy, ten Hit objects built field by field) then cost ~60 us per query against a 570 us scan, 10% of
+   the call (benchmarks/results/speed.md). Here that work is ~15 us. normrank/store.py falls back to its
+   Python code, with the same results, when this module was not built (it is an optional extension).
+
+   Bit for bit: the norm is NumPy's pairwise float64 sum of float32 squares (DOUBLE_pairwise_sum in
+   numpy's loops_utils.h.src, as np.linalg.norm and np.add.reduce compute it), the unit vector a float32
+   division, the cosine of an additive blend the float64 `score - w * g(d)`. Built with
+   -ffp-contract=off, so that no product and sum are fused into one rounding. tests/test_fastpath.py
+   compares every value with the Python path. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define N_FIELDS 9
+/* Hit's slots in this order; their offsets are read from its member descriptors by register_hit */
+static const char *FIELD_NAMES[N_FIELDS] = {"id", "score", "cosine", "norm", "norm_feature", "weight",
+                                            "token_count", "text", "metadata"};
+static Py_ssize_t field_offset[N_FIELDS];
+static PyTypeObject *hit_type = NULL;
+static PyObject *copy_metadata = NULL;
+
+static double pairwise_sq(const float *a, Py_ssize_t n) {
+    if (n < 8) {
+        double res = 0.;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double x = a[i];
+            res += x * x;
+        }
+        return res;
+    }
+    if (n <= 128) {
+        double r[8];
+        Py_ssize_t i;
+        for (int j = 0; j < 8; j++) {
+            double x = a[j];
+            r[j] = x * x;
+        }
+        for (i = 8; i < n - (n % 8); i += 8) {
+            for (int j = 0; j < 8; j++) {
+                double x = a[i + j];
+                r[j] += x * x;
+            }
+        }
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) {
+            double x = a[i];
+            res += x * x;
+        }
+        return res;
+    }
+    Py_ssize_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise_sq(a, n2) + pairwise_sq(a + n2, n - n2);
+}
+
+static int is_format(const Py_buffer *b, char code) {
+    const char *f = b->format;
+    if (f == NULL) return code == 'B';
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    return f[0] == code && f[1] == '\0';
+}
+
+PyDoc_STRVAR(unit_into_doc,
+"unit_into(vector, out) -> float | None\n\n"
+"Write float32(vector) / float32(norm) into out[:len(vector)] and return the norm (float64, NumPy's\n"
+"pairwise sum of the float32 squares). None, with out's contents undefined, when the norm is not\n"
+"finite, at most 1e-12 or above the float32 range, or vector is not a C-contiguous native float32 or\n"
+"float64 buffer: the caller's general path then reads or refuses it. out is a writable float32 buffer\n"
+"at least as long.");
+
+static PyObject *unit_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "unit_into(vector, out) takes 2 arguments");
+        return NULL;
+    }
+    Py_buffer src, dst;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    if (!PyBuffer_IsContiguous(&src, 'C') || !(is_format(&src, 'f') || is_format(&src, 'd'))) {
+        PyBuffer_Release(&src);
+        Py_RETURN_NONE;
+    }
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    float *out = (float *)dst.buf;
+    Py_ssize_t dim;
+    if (!is_format(&dst, 'f')) {
+        PyErr_SetString(PyExc_TypeError, "unit_into: out must be float32");
+        goto done;
+    }
+    if (is_format(&src, 'f')) {
+        dim = src.len / 4;
+        if (dst.len < src.len) goto short_out;
+        memcpy(out, src.buf, (size_t)src.len);
+    } else if (is_format(&src, 'd')) {
+        dim = src.len / 8;
+        if (dst.len < dim * 4) goto short_out;
+        const double *s = (const double *)src.buf;
+        for (Py_ssize_t i = 0; i < dim; i++) out[i] = (float)s[i];
+    } else {
+        PyErr_SetString(PyExc_TypeError, "unit_into: vector must be float32 or float64");
+        goto done;
+    }
+    double norm = sqrt(pairwise_sq(out, dim));
+    if (isfinite(norm) && norm > 1e-12 && norm <= FLT_MAX) {
+        float f = (float)norm;
+        for (Py_ssize_t i = 0; i < dim; i++) out[i] = out[i] / f;
+        result = PyFloat_FromDouble(norm);
+    } else {
+        result = Py_NewRef(Py_None);
+    }
+    goto done;
+short_out:
+    PyErr_SetString(PyExc_ValueError, "unit_into: out is shorter than vector");
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
+PyDoc_STRVAR(register_hit_doc,
+"register_hit(Hit, copy_metadata)\n\nThe slots class hit_rows fills (its fields must be slots named as\n"
+"normrank.scoring.Hit's) and the function that copies a document's metadata into a hit.");
+
+static PyObject *register_hit(PyObject *self, PyObject *args) {
+    PyObject *type, *copier;
+    if (!PyArg_ParseTuple(args, "OO:register_hit", &type, &copier)) return NULL;
+    if (!PyType_Check(type) || !PyCallable_Check(copier)) {
+        PyErr_SetString(PyExc_TypeError, "register_hit takes a class and a function");
+        return NULL;
+    }
+    Py_ssize_t offsets[N_FIELDS];
+    for (int j = 0; j < N_FIELDS; j++) {
+        PyObject *descr = PyObject_GetAttrString(type, FIELD_NAMES[j]);
+        if (descr == NULL) return NULL;
+        int ok = Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                 && ((PyMemberDescrObject *)descr)->d_member->type == T_OBJECT_EX;
+        if (ok) offsets[j] = ((PyMemberDescrObject *)descr)->d_member->offset;
+        Py_DECREF(descr);
+        if (!ok) {
+            PyErr_Format(PyExc_TypeError, "register_hit: %s is not a slot", FIELD_NAMES[j]);
+            return NULL;
+        }
+    }
+    memcpy(field_offset, offsets, sizeof offsets);
+    Py_INCREF(type);
+    Py_XSETREF(hit_type, (PyTypeObject *)type);
+    Py_INCREF(copier);
+    Py_XSETREF(copy_metadata, copier);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(hit_rows_doc,
+"hit_rows(rows, scores, k, w, labels, columns, untied) -> list | None\n\n"
+"Hit objects of an additive blend: for each result row r, the first k entries of rows[r] (FAISS positions;\n"
+"mapped through labels unless it is None; -1 is no hit and is skipped) with their float32 scores[r], the\n"
+"cosine score - w * g(d) (w a float, or float64 per row), and each document's id, text, metadata (None\n"
+"gives a new empty dict, else copy_metadata(metadata)), norm, token count and g(d) from columns:\n"
+"(ids, texts, metas, norms, counts, g), three lists and float32, int32 and float64 buffers.\n"
+"With untied, None when a row has two equal scores among its hits, or a hit is missing (-1): the caller\n"
+"then orders the row by its own rules. rows and scores are C-contiguous (n, width >= k) buffers.");
+
+static int get(PyObject *obj, Py_buffer *b, char code, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != itemsize || !(is_format(b, code) || (code == 'q' && is_format(b, 'l') && itemsize == sizeof(long)))) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_TypeError, "hit_rows: %s has the wrong type", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *hit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "hit_rows takes 7 arguments");
+        return NULL;
+    }
+    PyObject *columns = args[5];
+    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != 6) {
+        PyErr_SetString(PyExc_TypeError, "hit_rows: columns is a tuple of 6");
+        return NULL;
+    }
+    if (hit_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "hit_rows: register_hit was not called");
+        return NULL;
+    }
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    if (k < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "hit_rows: k < 0");
+        return NULL;
+    }
+    PyObject *ids = PyTuple_GET_ITEM(columns, 0), *texts = PyTuple_GET_ITEM(columns, 1);
+    PyObject *metas = PyTuple_GET_ITEM(columns, 2), *copy_meta = copy_metadata;
+    int untied = PyObject_IsTrue(args[6]);
+    if (untied < 0) return NULL;
+    if (!PyList_CheckExact(ids) || !PyList_CheckExact(texts) || !PyList_CheckExact(metas)) {
+        PyErr_SetString(PyExc_TypeError, "hit_rows: ids, texts and metas must be lists");
+        return NULL;
+    }
+    double w_scalar = 0.0;
+    int w_is_scalar = PyFloat_Check(args[3]) || PyLong_Check(args[3]);
+    if (w_is_scalar) {
+        w_scalar = PyFloat_AsDouble(args[3]);
+        if (w_scalar == -1.0 && PyErr_Occurred()) return NULL;
+    }
+    Py_buffer rb, sb, wb, lb, nb, cb, gb;
+    int have_labels = args[4] != Py_None, got = 0;
+    PyObject *result = NULL, *out = NULL;
+    if (get(args[0], &rb, 'q', 8, "rows") < 0) goto done;
+    got = 1;
+    if (get(args[1], &sb, 'f', 4, "scores") < 0) goto done;
+    got = 2;
+    if (!w_is_scalar && get(args[3], &wb, 'd', 8, "w") < 0) goto done;
+    got = 3;
+    if (have_labels && get(args[4], &lb, 'q', 8, "labels") < 0) goto done;
+    got = 4;
+    if (get(PyTuple_GET_ITEM(columns, 3), &nb, 'f', 4, "norms") < 0) goto done;
+    got = 5;
+    if (get(PyTuple_GET_ITEM(columns, 4), &cb, 'i', 4, "counts") < 0) goto done;
+    got = 6;
+    if (get(PyTuple_GET_ITEM(columns, 5), &gb, 'd', 8, "g") < 0) goto done;
+    got = 7;
+    {
+        Py_ssize_t n_rows = rb.ndim >= 1 && rb.shape != NULL ? (rb.ndim == 1 ? 1 : rb.shape[0]) : 1;
+        Py_ssize_t width = n_rows ? rb.len / 8 / n_rows : 0;
+        /* the lists hold one entry per internal id; the arrays may have room for more */
+        Py_ssize_t n_docs = PyList_GET_SIZE(ids);
+        if (PyList_GET_SIZE(texts) != n_docs || PyList_GET_SIZE(metas) != n_docs || nb.len / 4 < n_docs
+            || cb.len / 4 < n_docs || gb.len / 8 < n_docs) {
+            PyErr_SetString(PyExc_ValueError, "hit_rows: the columns differ in length");
+            goto done;
+        }
+        if (k > width || sb.len / 4 != n_rows * width || (!w_is_scalar && wb.len / 8 < n_rows)) {
+            PyErr_SetString(PyExc_ValueError, "hit_rows: rows, scores and w do not match");
+            goto done;
+        }
+        const int64_t *pos = (const int64_t *)rb.buf, *lab = have_labels ? (const int64_t *)lb.buf : NULL;
+        Py_ssize_t n_lab = have_labels ? lb.len / 8 : 0;
+        const float *sc = (const float *)sb.buf, *nrm = (const float *)nb.buf;
+        const int32_t *cnt = (const int32_t *)cb.buf;
+        const double *g = (const double *)gb.buf, *wv = w_is_scalar ? NULL : (const double *)wb.buf;
+        /* check every row first: nothing is built for a call that answers None or raises */
+        for (Py_ssize_t r = 0; r < n_rows; r++) {
+            for (Py_ssize_t j = 0; j < k; j++) {
+                int64_t p = pos[r * width + j];
+                if (p < 0) {
+                    if (untied) goto untie;
+                    continue;
+                }
+                if (lab != NULL) {
+                    if (p >= n_lab) goto out_of_range;
+                    p = lab[p];
+                }
+                if (p < 0 || p >= n_docs) goto out_of_range;
+                if (untied && j > 0 && sc[r * width + j] == sc[r * width + j - 1]) goto untie;
+            }
+        }
+        out = PyList_New(n_rows);
+        if (out == NULL) goto done;
+        for (Py_ssize_t r = 0; r < n_rows; r++) {
+            double w = wv ? wv[r] : w_scalar;
+            PyObject *wobj = PyFloat_FromDouble(w);
+            PyObject *row = wobj ? PyList_New(0) : NULL;
+            if (row == NULL) {
+                Py_XDECREF(wobj);
+                goto fail;
+            }
+            PyList_SET_ITEM(out, r, row);
+            for (Py_ssize_t j = 0; j < k; j++) {
+                int64_t i = pos[r * width + j];
+                if (i < 0) continue;
+                if (lab != NULL) i = lab[i];
+                double s = sc[r * width + j], gg = g[i];
+                PyObject *hit = hit_type->tp_alloc(hit_type, 0);
+                if (hit == NULL) {
+                    Py_DECREF(wobj);
+                    goto fail;
+                }
+                PyObject *m = PyList_GET_ITEM(metas, i);
+                PyObject *v[N_FIELDS] = {
+                    Py_NewRef(PyList_GET_ITEM(ids, i)), PyFloat_FromDouble(s), PyFloat_FromDouble(s - w * gg),
+                    PyFloat_FromDouble((double)nrm[i]), PyFloat_FromDouble(gg), Py_NewRef(wobj),
+                    PyLong_FromLong((long)cnt[i]), Py_NewRef(PyList_GET_ITEM(texts, i)),
+                    m == Py_None ? PyDict_New() : PyObject_CallOneArg(copy_meta, m)};
+                int bad = 0;
+                for (int f = 0; f < N_FIELDS; f++) {  /* a NULL slot reads as unset; dealloc skips it */
+                    *(PyObject **)((char *)hit + field_offset[f]) = v[f];
+                    bad |= v[f] == NULL;
+                }
+                if (bad || PyList_Append(row, hit) < 0) {
+                    Py_DECREF(hit);
+                    Py_DECREF(wobj);
+                    goto fail;
+                }
+                Py_DECREF(hit);
+            }
+            Py_DECREF(wobj);
+        }
+        result = out;
+        out = NULL;
+        goto done;
+    untie:
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    out_of_range:
+        PyErr_SetString(PyExc_IndexError, "hit_rows: a position outside the index");
+        goto done;
+    }
+fail:
+    Py_CLEAR(out);
+done:
+    Py_XDECREF(out);
+    if (got >= 7) PyBuffer_Release(&gb);
+    if (got >= 6) PyBuffer_Release(&cb);
+    if (got >= 5) PyBuffer_Release(&nb);
+    if (got >= 4 && have_labels) PyBuffer_Release(&lb);
+    if (got >= 3 && !w_is_scalar) PyBuffer_Release(&wb);
+    if (got >= 2) PyBuffer_Release(&sb);
+    if (got >= 1) PyBuffer_Release(&rb);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"unit_into", (PyCFunction)(void (*)(void))unit_into, METH_FASTCALL, unit_into_doc},
+    {"register_hit", register_hit, METH_VARARGS, register_hit_doc},
+    {"hit_rows", (PyCFunction)(void (*)(void))hit_rows, METH_FASTCALL, hit_rows_doc},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "normrank._fastpath",
+                                    "The single-search hot path in C (optional; see normrank/store.py).", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__fastpath(void) { return PyModule_Create(&module); }

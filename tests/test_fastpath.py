@@ -1,0 +1,216 @@
+"""``normrank._fastpath`` (the optional C hot path) against the Python path it replaces, on real FAISS indexes.
+
+Each case runs the same searches twice in one process, once with the C functions and once with
+``normrank.fastpath``'s Python ones, and asks for equal ``Hit`` lists: ids, order and every float to the
+last bit. A subprocess with ``NORMRANK_PURE_PYTHON=1`` checks that the switch users have is honoured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import textwrap
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+
+import normrank.fastpath as fastpath
+import normrank.store as store_mod
+from normrank import Hit, NormIndex, Weights
+from tests.conftest import synthetic
+
+DIM = 48
+needs_c = pytest.mark.skipif(not fastpath.accelerated(), reason="normrank._fastpath was not built here")
+
+
+@pytest.fixture
+def pure_python(monkeypatch):
+    """Switch the store to the Python functions for the duration of a ``with``."""
+    class Switch:
+        def __enter__(self):
+            monkeypatch.setattr(store_mod, "unit_into", fastpath._unit_into)
+            monkeypatch.setattr(store_mod, "hit_rows", fastpath._hit_rows)
+
+        def __exit__(self, *exc):
+            monkeypatch.undo()
+
+    return Switch()
+
+
+def _corpus(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    return synthetic(n, dim=DIM, seed=seed)
+
+
+def _build(index_type: str = "flat", n: int = 600, **kw) -> NormIndex:
+    vecs, counts = _corpus(n, seed=5)
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type, **kw)
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(n)], texts=[f"text {i}" for i in range(n)],
+                      metadatas=[{"n": i, "tags": ["x", i]} if i % 3 else {} for i in range(n)])
+    return index
+
+
+def _searches(index: NormIndex, queries: np.ndarray) -> list:
+    out = [index.search(q, 10) for q in queries]  # the single-vector path
+    out += index.search_batch(list(queries[:4]), 10)  # a small batch: FAISS's kernel
+    out += index.search_batch(list(queries), 7)  # an sgemm batch
+    out += [index.search(q.astype(np.float64), 3) for q in queries[:3]]  # float64 queries
+    out += [index.search(np.asfortranarray(np.stack([q, q]))[0], 5) for q in queries[:3]]  # a strided vector
+    out += [index.search(q.astype(np.float16), 4) for q in queries[:2]]  # a dtype the C code does not read
+    return out
+
+
+def _fields(rows: list) -> list:
+    """Every value of every hit, as plain data: equal lists mean equal hits to the last bit."""
+    return [[tuple(asdict(h).values()) for h in row] if isinstance(row, list) else row for row in rows]
+
+
+@needs_c
+@pytest.mark.parametrize("index_type", ["flat", "hnsw"])
+def test_c_and_python_give_the_same_hits(index_type, pure_python):
+    index = _build(index_type)
+    queries, _ = _corpus(12, seed=6)
+    fast = _fields(_searches(index, queries))
+    with pure_python:
+        slow = _fields(_searches(index, queries))
+    assert fast == slow
+    assert all(len(row) for row in fast)
+
+
+@needs_c
+def test_same_hits_after_deletes_adds_and_a_load_with_position_gaps(tmp_path, monkeypatch, pure_python):
+    """Positions that are not internal ids (an index saved with gaps by an older normrank) are mapped
+    through the labels in C as in Python; pending deletes take the general path in both."""
+    index = _build()
+    queries, _ = _corpus(12, seed=7)
+    index.delete([f"d{i}" for i in range(0, 600, 4)])
+    index.add_vectors(*_corpus(5, seed=8), ids=[f"n{i}" for i in range(5)])
+    with monkeypatch.context() as m:
+        m.setattr(NormIndex, "_renumber_flat", lambda self: None)  # an older normrank's compaction
+        index._compact()
+        index.save(tmp_path / "gaps")
+    loaded = NormIndex.load(tmp_path / "gaps")
+    loaded.search(queries[0], 1)
+    assert not loaded._positions_are_ids
+    for idx in (index, loaded):
+        fast = _fields(_searches(idx, queries))
+        with pure_python:
+            slow = _fields(_searches(idx, queries))
+        assert fast == slow
+
+
+@needs_c
+def test_equal_scores_fall_back_to_the_ordered_path(pure_python):
+    """Duplicates tie; the C builder hands such a row back (``None``) and the Python ordering answers:
+    ties in insertion order, with every path alike."""
+    vecs, counts = _corpus(50, seed=9)
+    vecs = np.concatenate([np.repeat(vecs[:1], 6, axis=0), vecs[1:]])
+    counts = np.concatenate([np.repeat(counts[:1], 6), counts[1:]])
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05))
+    index.add_vectors(vecs, counts, ids=[f"d{i}" for i in range(len(vecs))])
+    for k in (2, 4, 8):
+        fast = index.search(vecs[0], k)
+        with pure_python:
+            assert _fields([fast]) == _fields([index.search(vecs[0], k)])
+        assert [h.id for h in fast[: min(k, 6)]] == [f"d{i}" for i in range(min(k, 6))]
+
+
+@needs_c
+def test_unit_vector_is_numpys_to_the_last_bit():
+    rng = np.random.default_rng(0)
+    for dim in (1, 7, 8, 9, 127, 128, 129, 300, 384, 385, 768, 1024, 1536):
+        for scale in (1e-3, 1.0, 37.0, 1e15):
+            v = (rng.standard_normal(dim) * scale).astype(np.float32)
+            c_out, py_out = np.zeros(dim, np.float32), np.zeros(dim, np.float32)
+            norm_c, norm_py = fastpath.unit_into(v, c_out), fastpath._unit_into(v, py_out)
+            assert norm_c == norm_py == float(np.linalg.norm(v[None].astype(np.float64), axis=1)[0])
+            assert np.array_equal(c_out, py_out)
+            assert np.array_equal(c_out, (v[None] / np.float32(norm_c))[0])
+            v64 = v.astype(np.float64) * 1.0000001
+            c64, p64 = np.zeros(dim, np.float32), np.zeros(dim, np.float32)
+            assert fastpath.unit_into(v64, c64) == fastpath._unit_into(v64, p64) and np.array_equal(c64, p64)
+
+
+@needs_c
+@pytest.mark.parametrize("bad", [np.zeros(8), np.full(8, np.nan), np.r_[np.ones(7), np.inf],
+                                 np.full(8, 3e38, dtype=np.float32), np.full(8, 1e39)])
+def test_unit_vector_refuses_what_python_refuses(bad):
+    assert fastpath.unit_into(bad, np.zeros(8, np.float32)) is None
+    assert fastpath._unit_into(bad, np.zeros(8, np.float32)) is None
+
+
+@needs_c
+def test_unit_vector_leaves_other_layouts_to_the_general_path():
+    out = np.zeros(4, np.float32)
+    assert fastpath.unit_into(np.ones(8, np.float32)[::2], out) is None  # strided
+    assert fastpath.unit_into(np.ones(4, np.float16), out) is None
+    assert fastpath.unit_into(np.ones(4, ">f4"), out) is None  # byte-swapped
+    with pytest.raises(ValueError, match="shorter"):
+        fastpath.unit_into(np.ones(5, np.float32), out)
+
+
+@needs_c
+def test_hit_rows_checks_what_it_is_given():
+    index = _build(n=40)
+    cols = index._docs.hit_columns()
+    rows, scores = np.array([[0, 1, 2]], np.int64), np.array([[0.3, 0.2, 0.1]], np.float32)
+    assert [h.id for h in fastpath.hit_rows(rows, scores, 3, 0.1, None, cols, True)[0]] == ["d0", "d1", "d2"]
+    with pytest.raises(IndexError):
+        fastpath.hit_rows(np.array([[0, 99]], np.int64), scores[:, :2], 2, 0.1, None, cols, False)
+    with pytest.raises(TypeError):
+        fastpath.hit_rows(rows.astype(np.int32), scores, 3, 0.1, None, cols, False)
+    with pytest.raises(ValueError):
+        fastpath.hit_rows(rows, scores, 4, 0.1, None, cols, False)
+    assert fastpath.hit_rows(np.array([[0, 1, 1]], np.int64), np.array([[0.3, 0.2, 0.2]], np.float32), 3,
+                             0.1, None, cols, True) is None
+
+
+def test_hits_are_slotted_values_that_copy_and_pickle():
+    hit = Hit(id="a", score=0.5, cosine=0.4, norm=2.0, norm_feature=0.1, weight=0.02, token_count=3,
+              metadata={"k": [1]})
+    assert not hasattr(hit, "__dict__")
+    assert pickle.loads(pickle.dumps(hit)) == hit and replace(hit, score=1.0).score == 1.0
+    with pytest.raises(AttributeError):
+        hit.score = 2.0  # type: ignore[misc]
+    index = _build(n=40)
+    found = index.search(_corpus(1, seed=3)[0][0], 3)
+    assert all(type(h) is Hit and not hasattr(h, "__dict__") for h in found)
+    found[0].metadata["mutated"] = True  # a copy: the stored metadata is not touched
+    assert "mutated" not in (index.get([found[0].id])[0].metadata)
+
+
+def test_pure_python_switch_gives_the_same_answers(tmp_path):
+    """``NORMRANK_PURE_PYTHON=1`` turns the C module off; the answers stay the same."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        import numpy as np
+        sys.path.insert(0, {os.getcwd()!r})
+        import normrank.fastpath as fp
+        from normrank import NormIndex, Weights
+        from tests.conftest import synthetic
+        vecs, counts = synthetic(300, dim={DIM}, seed=5)
+        index = NormIndex(dim={DIM}, weights=Weights(a=0.05))
+        index.add_vectors(vecs, counts, ids=[f"d{{i}}" for i in range(300)])
+        qs, _ = synthetic(6, dim={DIM}, seed=6)
+        rows = [[[h.id, h.score, h.cosine, h.norm_feature] for h in index.search(q, 5)] for q in qs]
+        print(json.dumps({{"c": fp.accelerated(), "rows": rows}}))
+    """)
+    runs = {}
+    for flag in ("0", "1"):
+        env = {**os.environ, "NORMRANK_PURE_PYTHON": flag}
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        runs[flag] = json.loads(out.stdout.strip().splitlines()[-1])
+    assert runs["1"]["c"] is False and runs["0"]["c"] is fastpath.accelerated()
+    assert runs["0"]["rows"] == runs["1"]["rows"]
+
+
+@pytest.mark.skipif(os.environ.get("NORMRANK_PURE_PYTHON", "") not in ("", "0"), reason="turned off on purpose")
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+def test_the_accelerator_is_built_where_a_compiler_is():
+    """``pip install`` builds the optional extension when it can; a missing build here means the
+    install step (setup.py) broke, which the fallback would otherwise hide."""
+    assert fastpath.accelerated()
