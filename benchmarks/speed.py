@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import faiss  # noqa: E402
 
-from normrank import huge_pages  # noqa: E402
+from normrank import fastpath, huge_pages  # noqa: E402
 from normrank.scoring import Weights  # noqa: E402
 from normrank.store import NormIndex, flat_vectors_span  # noqa: E402
 
@@ -338,9 +338,10 @@ def single_steps(flat: Any, idx: NormIndex, qunit: np.ndarray, qraw: np.ndarray,
         fns = {
             "faiss_384_scan": lambda: [flat.search(qunit[i:i + 1], 10) for i in range(m)],
             "normrank_scan": lambda: [inner.search(qa[i:i + 1], 10) for i in range(m)],
-            # what the single path does after the scan: FAISS's result rows as lists, hits from the columns
-            "normrank_hits": lambda: [idx._additive_hits(found[i][1][0].tolist(), found[i][0][0].tolist(), WEIGHTS.a)
-                                      for i in range(m)],
+            # what the single path does after the scan: hits from FAISS's result rows and the columns
+            # (in C where normrank._fastpath was built)
+            "normrank_hits": lambda: [fastpath.hit_rows(found[i][1], found[i][0], 10, WEIGHTS.a, None,
+                                                        idx._docs.hit_columns(), True) for i in range(m)],
             "normrank_search": lambda: [idx.search(qraw[i], 10) for i in range(m)],
         }
         times = interleaved(fns, max(reps, 5))
@@ -737,6 +738,9 @@ def markdown(res: dict[str, Any]) -> str:
          f"FAISS {meta['faiss']} with {meta['faiss_threads']} OpenMP threads; "
          f"`faiss.cvar.distance_compute_blas_threshold` = {meta['blas_threshold']} (default) unless a row says "
          "otherwise; batches of 64 are below it, so FAISS uses its non-BLAS kernel there.",
+         *(["normrank's C hot path (`normrank._fastpath`: the query's unit vector and the `Hit` objects) "
+            + ("was built and used." if meta["fastpath"] else "was not built here: its Python fallback ran.")]
+           if "fastpath" in meta else []),
          f"Command: `{_command(meta)}`; {meta['reps']} interleaved "
          f"repetitions per search cell (at least 5 for HNSW cells and the per-step table; {meta['encoder_reps']} "
          "for the encoder) after one warm-up, medians"
@@ -1012,7 +1016,8 @@ def main(argv: list[str] | None = None) -> int:
             "faiss": faiss.__version__, "faiss_threads": faiss.omp_get_max_threads(),
             "blas_threshold": faiss.cvar.distance_compute_blas_threshold, "reps": args.reps, "encoder_reps": args.encoder_reps, "pads": list(pads),
             "tiny": args.tiny, "omp_threads": list(omp), "ratio": "paired", "load_averages": [_load_average("start")],
-            "evict_bytes": 2 * _last_level_cache_bytes(), "argv": list(sys.argv[1:] if argv is None else argv)}
+            "evict_bytes": 2 * _last_level_cache_bytes(), "argv": list(sys.argv[1:] if argv is None else argv),
+            "fastpath": fastpath.accelerated()}
     res: dict[str, Any] = {"meta": meta, "search": []}
     for n in args.sizes:
         print(f"[speed] search at {n:,} ...", file=sys.stderr, flush=True)

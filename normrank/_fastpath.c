@@ -330,10 +330,94 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(array_row_doc,
+"array_row(rows, scores, k, w, labels, columns, cosines) -> list | None\n\n"
+"One result row of an additive blend as search_arrays gives it: the ids of its first k hits (positions\n"
+"mapped through labels unless it is None), with cosines[j] = scores[j] - w * g(d) written into the\n"
+"float64 buffer cosines. None (cosines undefined) when the row has equal scores or a missing hit (-1):\n"
+"the caller orders it. rows, scores and columns as for hit_rows, one row.");
+
+static PyObject *array_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "array_row takes 7 arguments");
+        return NULL;
+    }
+    PyObject *columns = args[5];
+    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != 6
+        || !PyList_CheckExact(PyTuple_GET_ITEM(columns, 0))) {
+        PyErr_SetString(PyExc_TypeError, "array_row: columns is a tuple of 6, ids first");
+        return NULL;
+    }
+    PyObject *ids = PyTuple_GET_ITEM(columns, 0);
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    double w = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (k < 0) {
+        PyErr_SetString(PyExc_ValueError, "array_row: k < 0");
+        return NULL;
+    }
+    Py_buffer rb, sb, lb, gb, ob;
+    int have_labels = args[4] != Py_None, got = 0;
+    PyObject *result = NULL;
+    if (get(args[0], &rb, 'q', 8, "rows") < 0) goto done;
+    got = 1;
+    if (get(args[1], &sb, 'f', 4, "scores") < 0) goto done;
+    got = 2;
+    if (have_labels && get(args[4], &lb, 'q', 8, "labels") < 0) goto done;
+    got = 3;
+    if (get(PyTuple_GET_ITEM(columns, 5), &gb, 'd', 8, "g") < 0) goto done;
+    got = 4;
+    if (PyObject_GetBuffer(args[6], &ob, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) goto done;
+    got = 5;
+    {
+        Py_ssize_t n_docs = PyList_GET_SIZE(ids), n_lab = have_labels ? lb.len / 8 : 0;
+        if (!is_format(&ob, 'd') || ob.len / 8 < k || rb.len / 8 < k || sb.len / 4 < k || gb.len / 8 < n_docs) {
+            PyErr_SetString(PyExc_ValueError, "array_row: rows, scores, cosines and columns do not match");
+            goto done;
+        }
+        const int64_t *pos = (const int64_t *)rb.buf, *lab = have_labels ? (const int64_t *)lb.buf : NULL;
+        const float *sc = (const float *)sb.buf;
+        const double *g = (const double *)gb.buf;
+        double *cos = (double *)ob.buf;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t p = pos[j];
+            if (p < 0 || (j > 0 && sc[j] == sc[j - 1])) {
+                result = Py_NewRef(Py_None);
+                goto done;
+            }
+            if (lab != NULL) {
+                if (p >= n_lab) goto out_of_range;
+                p = lab[p];
+            }
+            if (p < 0 || p >= n_docs) goto out_of_range;
+        }
+        PyObject *out = PyList_New(k);
+        if (out == NULL) goto done;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t i = lab != NULL ? lab[pos[j]] : pos[j];
+            double s = sc[j];
+            cos[j] = s - w * g[i];
+            PyList_SET_ITEM(out, j, Py_NewRef(PyList_GET_ITEM(ids, i)));
+        }
+        result = out;
+        goto done;
+    out_of_range:
+        PyErr_SetString(PyExc_IndexError, "array_row: a position outside the index");
+    }
+done:
+    if (got >= 5) PyBuffer_Release(&ob);
+    if (got >= 4) PyBuffer_Release(&gb);
+    if (got >= 3 && have_labels) PyBuffer_Release(&lb);
+    if (got >= 2) PyBuffer_Release(&sb);
+    if (got >= 1) PyBuffer_Release(&rb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"unit_into", (PyCFunction)(void (*)(void))unit_into, METH_FASTCALL, unit_into_doc},
     {"register_hit", register_hit, METH_VARARGS, register_hit_doc},
     {"hit_rows", (PyCFunction)(void (*)(void))hit_rows, METH_FASTCALL, hit_rows_doc},
+    {"array_row", (PyCFunction)(void (*)(void))array_row, METH_FASTCALL, array_row_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "normrank._fastpath",

@@ -94,6 +94,25 @@ def _hit_rows(rows: Any, scores: Any, k: int, w: float | np.ndarray, labels: Any
 hit_rows: Any = _c.hit_rows if _c is not None else _hit_rows
 
 
+def _array_row(rows: Any, scores: Any, k: int, w: float, labels: Any, columns: tuple[Any, ...],
+               cosines: np.ndarray) -> list[str] | None:
+    """One result row of an additive blend as ``search_arrays`` gives it: the ids of the first ``k``
+    hits, with ``score - w * g(d)`` (float64) written into ``cosines``; ``None`` when the row has equal
+    scores or a missing hit, for the caller to order. Arguments as for :func:`_hit_rows`, one row."""
+    pos = np.asarray(rows, dtype=np.int64).reshape(-1)[:k].tolist()
+    sc = np.asarray(scores, dtype=np.float32).reshape(-1)[:k].tolist()
+    if any(p < 0 for p in pos) or len(set(sc)) < len(sc):
+        return None
+    internal = pos if labels is None else [int(labels[p]) for p in pos]
+    doc_ids, g = columns[0], columns[5]
+    cosines.reshape(-1)[:k] = [s - w * g[i] for s, i in zip(sc, internal)]
+    return [doc_ids[i] for i in internal]
+
+
+#: :func:`_array_row`, in C where it was built
+array_row: Any = _c.array_row if _c is not None else _array_row
+
+
 def build_hits(rows: list[int], scores: list[float], cosines: list[float], g: list[float], norms: list[float],
                counts: list[int], w: float, docs: tuple[list[Any], list[Any], list[Any]]) -> list[Hit]:
     """``Hit`` objects for one result row given as Python lists (internal ids; -1 is skipped), each

@@ -62,7 +62,7 @@ from normrank.errors import (
     InvalidArgumentError,
     PersistenceError,
 )
-from normrank.fastpath import build_hits, hit_rows, unit_into
+from normrank.fastpath import array_row, build_hits, hit_rows, unit_into
 from normrank.filters import check_filter
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
     MAX_TOKEN_COUNT,
@@ -812,9 +812,14 @@ class NormIndex(BlendIndexBase):
                 if p_view[k - 1] < 0:  # an HNSW walk came back short of k: the general path scores it exactly
                     return None
             if wts.mode == "additive":
-                if not arrays:
-                    found = hit_rows(p_view, s_view, k, float(w), None if self._positions_are_ids else labels,
-                                     self._docs.hit_columns(), True)
+                mapping = None if self._positions_are_ids else labels
+                if arrays:
+                    cosines = np.empty((1, k))
+                    ids = array_row(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), cosines)
+                    if ids is not None:
+                        return HitArrays([ids], scores[:, :k].copy(), cosines)
+                else:
+                    found = hit_rows(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), True)
                     if found is not None:
                         return found[0]
                 positions = p_view[:k].tolist()

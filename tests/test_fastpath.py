@@ -35,6 +35,7 @@ def pure_python(monkeypatch):
         def __enter__(self):
             monkeypatch.setattr(store_mod, "unit_into", fastpath._unit_into)
             monkeypatch.setattr(store_mod, "hit_rows", fastpath._hit_rows)
+            monkeypatch.setattr(store_mod, "array_row", fastpath._array_row)
 
         def __exit__(self, *exc):
             monkeypatch.undo()
@@ -61,12 +62,15 @@ def _searches(index: NormIndex, queries: np.ndarray) -> list:
     out += [index.search(q.astype(np.float64), 3) for q in queries[:3]]  # float64 queries
     out += [index.search(np.asfortranarray(np.stack([q, q]))[0], 5) for q in queries[:3]]  # a strided vector
     out += [index.search(q.astype(np.float16), 4) for q in queries[:2]]  # a dtype the C code does not read
+    for q in queries[:4]:  # search_arrays of one query: its single-vector path
+        got = index.search_arrays(q[None, :], 6)
+        out.append([got.ids, got.scores.tolist(), got.cosines.tolist(), got.scores.flags.c_contiguous])
     return out
 
 
 def _fields(rows: list) -> list:
     """Every value of every hit, as plain data: equal lists mean equal hits to the last bit."""
-    return [[tuple(asdict(h).values()) for h in row] if isinstance(row, list) else row for row in rows]
+    return [[tuple(asdict(h).values()) if isinstance(h, Hit) else h for h in row] for row in rows]
 
 
 @needs_c
@@ -165,6 +169,12 @@ def test_hit_rows_checks_what_it_is_given():
         fastpath.hit_rows(rows.astype(np.int32), scores, 3, 0.1, None, cols, False)
     with pytest.raises(ValueError):
         fastpath.hit_rows(rows, scores, 4, 0.1, None, cols, False)
+    cos = np.zeros((1, 3))
+    assert fastpath.array_row(rows, scores, 3, 0.1, None, cols, cos) == ["d0", "d1", "d2"]
+    assert cos.tolist() == [[float(s) - 0.1 * index._docs.g[i] for i, s in enumerate(scores[0])]]
+    assert fastpath.array_row(np.array([[0, -1, 2]]), scores, 3, 0.1, None, cols, cos) is None
+    with pytest.raises(ValueError):
+        fastpath.array_row(rows, scores, 3, 0.1, None, cols, np.zeros((1, 2)))
     assert fastpath.hit_rows(np.array([[0, 1, 1]], np.int64), np.array([[0.3, 0.2, 0.2]], np.float32), 3,
                              0.1, None, cols, True) is None
 
