@@ -413,8 +413,74 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(units_into_doc,
+"units_into(matrix, out, norms, min_norm) -> bool\n\n"
+"unit_into for each row of a C-contiguous (n, dim) float32 or float64 matrix: out (a writable float32\n"
+"(n, width >= dim) buffer) gets the unit rows in its first dim columns and zeros after them, norms (a\n"
+"float64 (n,) buffer) the norms. False, with out and norms undefined, when a norm is not finite, at most\n"
+"min_norm or above the float32 range, or the matrix is not one this reads: the caller's general path\n"
+"then reads or refuses it.");
+
+static PyObject *units_into(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "units_into(matrix, out, norms, min_norm) takes 4 arguments");
+        return NULL;
+    }
+    double min_norm = PyFloat_AsDouble(args[3]);
+    if (min_norm == -1.0 && PyErr_Occurred()) return NULL;
+    Py_buffer src, dst, nb;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    if (src.ndim != 2 || !PyBuffer_IsContiguous(&src, 'C') || !(is_format(&src, 'f') || is_format(&src, 'd'))) {
+        PyBuffer_Release(&src);
+        Py_RETURN_FALSE;
+    }
+    if (PyObject_GetBuffer(args[1], &dst, PyBUF_STRIDES | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &nb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = src.shape[0], dim = src.shape[1];
+    if (dst.ndim != 2 || !PyBuffer_IsContiguous(&dst, 'C') || !is_format(&dst, 'f') || dst.shape[0] != n
+        || dst.shape[1] < dim || !is_format(&nb, 'd') || nb.len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "units_into: out must be float32 (n, width >= dim), norms float64 (n,)");
+        goto done;
+    }
+    Py_ssize_t width = dst.shape[1];
+    double *norms = (double *)nb.buf;
+    int ok = 1;
+    for (Py_ssize_t r = 0; r < n && ok; r++) {
+        float *out = (float *)dst.buf + r * width;
+        if (is_format(&src, 'f')) {
+            memcpy(out, (const float *)src.buf + r * dim, (size_t)dim * 4);
+        } else {
+            const double *s = (const double *)src.buf + r * dim;
+            for (Py_ssize_t i = 0; i < dim; i++) out[i] = (float)s[i];
+        }
+        double norm = sqrt(pairwise_sq(out, dim));
+        norms[r] = norm;
+        ok = isfinite(norm) && norm > min_norm && norm <= FLT_MAX;
+        if (ok) {
+            float f = (float)norm;
+            for (Py_ssize_t i = 0; i < dim; i++) out[i] = out[i] / f;
+            memset(out + dim, 0, (size_t)(width - dim) * 4);
+        }
+    }
+    result = Py_NewRef(ok ? Py_True : Py_False);
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&nb);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"unit_into", (PyCFunction)(void (*)(void))unit_into, METH_FASTCALL, unit_into_doc},
+    {"units_into", (PyCFunction)(void (*)(void))units_into, METH_FASTCALL, units_into_doc},
     {"register_hit", register_hit, METH_VARARGS, register_hit_doc},
     {"hit_rows", (PyCFunction)(void (*)(void))hit_rows, METH_FASTCALL, hit_rows_doc},
     {"array_row", (PyCFunction)(void (*)(void))array_row, METH_FASTCALL, array_row_doc},

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +19,6 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from normrank._validation import (
-    FLOAT32_MAX,
     MAX_TOKEN_COUNT,
     UNIT_NORM_TOLERANCE,
     as_matrix,
@@ -541,7 +539,7 @@ def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | No
     if isinstance(queries, np.ndarray):
         if queries.ndim != 2 or queries.shape[1] != dim or queries.dtype.kind != "f" or queries.shape[0] == 0:
             return None
-        mat = np.ascontiguousarray(queries, dtype=np.float32)  # only read: no copy of a float32 matrix
+        mat = queries  # read as float32 by units_into
     elif _plain_vectors(queries, dim):
         mat = np.concatenate(queries).reshape(len(queries), dim).astype(np.float32, copy=False)
     else:
@@ -550,17 +548,17 @@ def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | No
     if token_counts is not None and not (len(token_counts) == n and all(type(c) is int for c in token_counts)
                                          and 1 <= min(token_counts) and max(token_counts) <= MAX_TOKEN_COUNT):
         return None  # named by _given_count on the checked path
-    norms = np.sqrt(np.add.reduce(np.multiply(mat, mat, dtype=np.float64), axis=1))
-    # the sum of the norms is finite only if every one is (NaN and infinity spread), and a float32 row
-    # cannot overflow it
-    if not (math.isfinite(np.add.reduce(norms)) and norms.min() > 1e-6 and norms.max() <= FLOAT32_MAX):  # refused
+    from normrank.fastpath import (
+        units_into,  # here: fastpath imports doc_columns, which imports this module
+    )
+
+    out, norms = np.empty((n, dim if width is None else width), dtype=np.float32), np.empty(n)
+    if not units_into(mat, out, norms, 1e-6):  # NaN, infinity or a near-zero row: refused
         return None
     if width is not None:
-        out = np.zeros((n, width), dtype=np.float32)
-        np.divide(mat, norms[:, None].astype(np.float32), out=out[:, :dim])
         return out, norms, None
     counts = np.full(n, -1, dtype=np.int64) if token_counts is None else np.array(token_counts, dtype=np.int64)
-    return mat / norms[:, None].astype(np.float32), norms, counts
+    return out, norms, counts
 
 
 def _plain_vectors(queries: Sequence[Any], dim: int) -> bool:

@@ -19,9 +19,8 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-import normrank.fastpath as fastpath
 import normrank.store as store_mod
-from normrank import Hit, NormIndex, Weights
+from normrank import Hit, NormIndex, Weights, fastpath
 from tests.conftest import synthetic
 
 DIM = 48
@@ -36,6 +35,7 @@ def pure_python(monkeypatch):
             monkeypatch.setattr(store_mod, "unit_into", fastpath._unit_into)
             monkeypatch.setattr(store_mod, "hit_rows", fastpath._hit_rows)
             monkeypatch.setattr(store_mod, "array_row", fastpath._array_row)
+            monkeypatch.setattr(fastpath, "units_into", fastpath._units_into)
 
         def __exit__(self, *exc):
             monkeypatch.undo()
@@ -137,6 +137,31 @@ def test_unit_vector_is_numpys_to_the_last_bit():
             v64 = v.astype(np.float64) * 1.0000001
             c64, p64 = np.zeros(dim, np.float32), np.zeros(dim, np.float32)
             assert fastpath.unit_into(v64, c64) == fastpath._unit_into(v64, p64) and np.array_equal(c64, p64)
+
+
+@needs_c
+def test_unit_rows_of_a_batch_are_numpys_to_the_last_bit():
+    rng = np.random.default_rng(1)
+    c = fastpath._c
+    for n, dim, width in ((1, 384, 392), (64, 384, 385), (5, 129, 129), (3, 7, 16)):
+        for dtype in (np.float32, np.float64):
+            mat = (rng.standard_normal((n, dim)) * rng.uniform(0.01, 50, (n, 1))).astype(dtype)
+            outs = [np.full((n, width), np.nan, np.float32) for _ in range(2)]
+            norms = [np.empty(n) for _ in range(2)]
+            assert c.units_into(mat, outs[0], norms[0], 1e-6) and fastpath._units_into(mat, outs[1], norms[1], 1e-6)
+            assert np.array_equal(outs[0], outs[1]) and np.array_equal(norms[0], norms[1])
+            assert np.array_equal(norms[0], np.linalg.norm(mat.astype(np.float32).astype(np.float64), axis=1))
+            assert not outs[0][:, dim:].any()
+    mat = rng.standard_normal((4, 8)).astype(np.float32)
+    out, norms = np.empty((4, 8), np.float32), np.empty(4)
+    for bad in (np.zeros(8), np.full(8, np.nan), np.full(8, 3e38)):
+        worse = mat.copy()
+        worse[2] = bad
+        assert not c.units_into(worse, out, norms, 1e-6) and not fastpath._units_into(worse, out, norms, 1e-6)
+    assert not c.units_into(np.asfortranarray(mat), out, norms, 1e-6)  # a layout it leaves to NumPy
+    assert fastpath.units_into(np.asfortranarray(mat), out, norms, 1e-6)  # which reads it
+    with pytest.raises(ValueError):
+        c.units_into(mat, np.empty((4, 7), np.float32), norms, 1e-6)
 
 
 @needs_c
