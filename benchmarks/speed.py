@@ -341,7 +341,7 @@ def single_steps(flat: Any, idx: NormIndex, qunit: np.ndarray, qraw: np.ndarray,
             # what the single path does after the scan: hits from FAISS's result rows and the columns
             # (in C where normrank._fastpath was built)
             "normrank_hits": lambda: [fastpath.hit_rows(found[i][1], found[i][0], 10, WEIGHTS.a, None,
-                                                        idx._docs.hit_columns(), True) for i in range(m)],
+                                                        idx._docs.hit_columns(), 1) for i in range(m)],
             "normrank_search": lambda: [idx.search(qraw[i], 10) for i in range(m)],
         }
         times = interleaved(fns, max(reps, 5))

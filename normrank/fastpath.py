@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,12 +21,19 @@ from normrank._validation import FLOAT32_MAX
 from normrank.doc_columns import copy_metadata
 from normrank.scoring import Hit
 
+#: The C module's API_VERSION this file calls (normrank/_fastpath.c)
+API_VERSION = 2
+
 _c: Any
 try:
     if os.environ.get("NORMRANK_PURE_PYTHON", "") not in ("", "0"):
         raise ImportError("NORMRANK_PURE_PYTHON is set")
     from normrank import _fastpath as _c
 
+    if getattr(_c, "API_VERSION", None) != API_VERSION:  # built from older sources: an editable install
+        warnings.warn("normrank._fastpath was built from other sources than this normrank; using the Python "
+                      "path (same results, slower per call). Rebuild it: pip install -e .", stacklevel=1)
+        raise ImportError("normrank._fastpath is out of date")
     _c.register_hit(Hit, copy_metadata)
 except ImportError:  # not built here (no C compiler at install), or turned off
     _c = None
@@ -89,20 +97,19 @@ def units_into(matrix: np.ndarray, out: np.ndarray, norms: np.ndarray, min_norm:
 
 
 def _hit_rows(rows: Any, scores: Any, k: int, w: float | np.ndarray, labels: Any, columns: tuple[Any, ...],
-              untied: bool) -> list[list[Hit]] | None:
+              untied: int) -> list[list[Hit]] | None:
     """``Hit`` objects of an additive blend, one list per result row.
 
     ``rows`` and ``scores`` are FAISS's result buffers (C-contiguous, ``(n, width >= k)`` or one row of
     ``width``): positions, mapped to internal ids through ``labels`` unless it is ``None``, and float32
     scores. The first ``k`` of each row are read; -1 (no hit) is skipped. ``w`` is the weight, one
     float or float64 per row; a hit's cosine is ``score - w * g(d)`` in float64. ``columns`` is
-    :meth:`DocColumns.hit_columns`. With ``untied``, ``None`` when a row has equal scores among its
-    hits or a missing hit, for the caller to order."""
+    :meth:`DocColumns.hit_columns`. ``untied`` 1: ``None`` when a row has equal scores among its hits or
+    a missing hit; 2: also when its ``k``-th and next scores are equal (rows wider than ``k``); the
+    caller then orders the rows. 0: no check."""
     doc_ids, texts, metas, norms, counts, g = columns
-    width = np.asarray(rows).shape[-1]
-    pos = np.asarray(rows, dtype=np.int64).reshape(-1, width)[:, :k]
-    sc = np.asarray(scores, dtype=np.float32).reshape(-1, width)[:, :k]
-    if untied and (np.any(pos < 0) or np.any(sc[:, 1:] == sc[:, :-1])):
+    pos, sc = _first_k(rows, scores, k)
+    if untied and _needs_ordering(pos, sc, k, untied, rows, scores):
         return None
     weights = [float(w)] * pos.shape[0] if np.ndim(w) == 0 else np.asarray(w, dtype=np.float64).tolist()
     out = []
@@ -115,27 +122,45 @@ def _hit_rows(rows: Any, scores: Any, k: int, w: float | np.ndarray, labels: Any
     return out
 
 
+def _first_k(rows: Any, scores: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    width = np.asarray(rows).shape[-1]
+    pos = np.asarray(rows, dtype=np.int64).reshape(-1, width)[:, :k]
+    return pos, np.asarray(scores, dtype=np.float32).reshape(-1, width)[:, :k]
+
+
+def _needs_ordering(pos: np.ndarray, sc: np.ndarray, k: int, untied: int, rows: Any, scores: Any) -> bool:
+    """A missing hit or equal scores among the first ``k`` (with ``untied`` 2 also across the cut)."""
+    if np.any(pos < 0) or np.any(sc[:, 1:] == sc[:, :-1]):
+        return True
+    full = np.asarray(scores, dtype=np.float32).reshape(pos.shape[0], -1)
+    return bool(untied >= 2 and 0 < k < full.shape[1] and np.any(full[:, k - 1] == full[:, k]))
+
+
 #: :func:`_hit_rows`, in C where it was built
 hit_rows: Any = _c.hit_rows if _c is not None else _hit_rows
 
 
-def _array_row(rows: Any, scores: Any, k: int, w: float, labels: Any, columns: tuple[Any, ...],
-               cosines: np.ndarray) -> list[str] | None:
-    """One result row of an additive blend as ``search_arrays`` gives it: the ids of the first ``k``
-    hits, with ``score - w * g(d)`` (float64) written into ``cosines``; ``None`` when the row has equal
-    scores or a missing hit, for the caller to order. Arguments as for :func:`_hit_rows`, one row."""
-    pos = np.asarray(rows, dtype=np.int64).reshape(-1)[:k].tolist()
-    sc = np.asarray(scores, dtype=np.float32).reshape(-1)[:k].tolist()
-    if any(p < 0 for p in pos) or len(set(sc)) < len(sc):
+def _array_rows(rows: Any, scores: Any, k: int, w: float | np.ndarray, labels: Any, columns: tuple[Any, ...],
+                out_scores: np.ndarray, out_cosines: np.ndarray, untied: int) -> list[list[str]] | None:
+    """Result rows of an additive blend as ``search_arrays`` gives them: the ids of each row's first ``k``
+    hits, with the float32 scores and the float64 ``score - w * g(d)`` written into ``out_scores`` and
+    ``out_cosines`` (``(n, k)``). Arguments and ``untied`` as for :func:`_hit_rows`; every hit must be
+    present (a missing one gives ``None`` with ``untied``, else ``ValueError``)."""
+    pos, sc = _first_k(rows, scores, k)
+    if untied and _needs_ordering(pos, sc, k, untied, rows, scores):
         return None
-    internal = pos if labels is None else [int(labels[p]) for p in pos]
-    doc_ids, g = columns[0], columns[5]
-    cosines.reshape(-1)[:k] = [s - w * g[i] for s, i in zip(sc, internal)]
-    return [doc_ids[i] for i in internal]
+    if np.any(pos < 0):
+        raise ValueError("array_rows: a missing hit (-1) needs untied")
+    internal = pos if labels is None else np.asarray(labels, dtype=np.int64)[pos]
+    doc_ids, g = columns[0], np.asarray(columns[5], dtype=np.float64)
+    weights = np.full(pos.shape[0], float(w)) if np.ndim(w) == 0 else np.asarray(w, dtype=np.float64)
+    out_scores[...] = sc
+    np.subtract(sc, weights[:, None] * g[internal], out=out_cosines, dtype=np.float64)
+    return [[doc_ids[i] for i in row] for row in internal.tolist()]
 
 
-#: :func:`_array_row`, in C where it was built
-array_row: Any = _c.array_row if _c is not None else _array_row
+#: :func:`_array_rows`, in C where it was built
+array_rows: Any = _c.array_rows if _c is not None else _array_rows
 
 
 def build_hits(rows: list[int], scores: list[float], cosines: list[float], g: list[float], norms: list[float],

@@ -62,7 +62,7 @@ from normrank.errors import (
     InvalidArgumentError,
     PersistenceError,
 )
-from normrank.fastpath import array_row, build_hits, hit_rows, unit_into
+from normrank.fastpath import array_rows, build_hits, hit_rows, unit_into
 from normrank.filters import check_filter
 from normrank.index_base import (  # noqa: F401  (re-exported: the names the store always had)
     MAX_TOKEN_COUNT,
@@ -654,7 +654,11 @@ class NormIndex(BlendIndexBase):
             return []
         queries, k, encoded = front
         with self._lock:
-            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)
+            wide = self._lean_wide(queries, k, query_token_counts) if filter is None and encoded[0] is None else None
+            if wide is not None:  # no equal scores to order: the hits straight from the kernel's answer
+                hits = hit_rows(wide[2], wide[1], k, self._weights.a, None, self._docs.hit_columns(), 2)
+                return hits if hits is not None else self._hits_batch(*self._lean_finish(wide, k))
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded, lean=False)  # tried above
             return rows if isinstance(rows, list) else self._hits_batch(*rows)
 
     def search_arrays(
@@ -683,9 +687,14 @@ class NormIndex(BlendIndexBase):
             return HitArrays([], np.zeros((0, 0), dtype=np.float32), np.zeros((0, 0)))
         queries, k, encoded = front
         with self._lock:
-            lean = self._lean_rows(queries, k, query_token_counts) if filter is None and encoded[0] is None else None
-            if lean is not None:  # every row k wide, no padding: the additive cosine is the score minus w * g(d)
-                labels, scores, w = lean
+            wide = self._lean_wide(queries, k, query_token_counts) if filter is None and encoded[0] is None else None
+            if wide is not None:  # every row k wide, no padding: the additive cosine is the score minus w * g(d)
+                n = wide[0].shape[0]
+                out_s, out_c = np.empty((n, k), dtype=np.float32), np.empty((n, k))
+                ids = array_rows(wide[2], wide[1], k, self._weights.a, None, self._docs.hit_columns(), out_s, out_c, 2)
+                if ids is not None:
+                    return HitArrays(ids, out_s, out_c)
+                labels, scores, w = self._lean_finish(wide, k)  # equal scores somewhere: ordered first
                 cosines = np.subtract(scores, w[0] * self._docs.g[labels], dtype=np.float64)
                 return HitArrays(self._docs.id_array()[labels].tolist(), scores, cosines)
             rows = self._blended_rows(queries, k, filter, query_token_counts, encoded, lean=False)  # tried above
@@ -758,6 +767,15 @@ class NormIndex(BlendIndexBase):
         path (0.84 of it before, 0.95 after: benchmarks/results/speed.md). The same arithmetic: the unit
         rows, the weight column and the kernel of the generic path.
         """
+        wide = self._lean_wide(queries, k, query_token_counts)
+        return None if wide is None else self._lean_finish(wide, k)
+
+    def _lean_wide(self, queries: Sequence[Any], k: int,
+                   query_token_counts: Sequence[int | None] | None) -> tuple[np.ndarray, ...] | None:
+        """:meth:`_lean_rows` up to the kernel's answer, one score wider than ``k`` (while ``k`` is below
+        the index's size) to see equal scores across the cut: (augmented queries, scores, internal ids).
+        A batch whose rows have no equal scores is then read as it is (:func:`normrank.fastpath.hit_rows`
+        and ``array_rows`` check that) and any other goes through :meth:`_lean_finish`."""
         wts = self._weights
         if (self.index_type != "flat" or wts.b != 0.0 or wts.mode != "additive" or self._tombstones
                 or self._index is None or not 0 < k <= len(self._docs)):
@@ -768,9 +786,17 @@ class NormIndex(BlendIndexBase):
             return None
         qaug = plain[0]
         qaug[:, self._dim] = wts.a / self._column_scale  # float64 division, then float32: as _augment does
-        scores, ids = self._search_unmapped(qaug, k)
+        scores, ids = self._search_kernel(qaug, k + 1 if k < self._flat_calls[0] else k)
+        return qaug, scores, ids
+
+    def _lean_finish(self, wide: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`_lean_rows`' answer from :meth:`_lean_wide`'s: ties across the cut and within rows
+        ordered as on every exact path."""
+        qaug, scores, ids = wide
+        scores, ids = _cut_between_ties(self._search_kernel, qaug, k, self._flat_calls[0], SGEMM_MIN_BATCH,
+                                        first=(scores, ids))
         ids, scores = _ties_by_id(ids, scores)
-        return ids, scores, np.full(qaug.shape[0], wts.a, dtype=np.float64)
+        return ids, scores, np.full(qaug.shape[0], self._weights.a, dtype=np.float64)
 
     def _search_vector(self, query: np.ndarray, k: Any, *, arrays: bool = False) -> Any:
         """The common case on a lean path: one raw vector, no filter, flat or HNSW index, a fixed weight;
@@ -814,12 +840,12 @@ class NormIndex(BlendIndexBase):
             if wts.mode == "additive":
                 mapping = None if self._positions_are_ids else labels
                 if arrays:
-                    cosines = np.empty((1, k))
-                    ids = array_row(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), cosines)
+                    out_s, out_c = np.empty((1, k), dtype=np.float32), np.empty((1, k))
+                    ids = array_rows(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), out_s, out_c, 1)
                     if ids is not None:
-                        return HitArrays([ids], scores[:, :k].copy(), cosines)
+                        return HitArrays(ids, out_s, out_c)
                 else:
-                    found = hit_rows(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), True)
+                    found = hit_rows(p_view, s_view, k, float(w), mapping, self._docs.hit_columns(), 1)
                     if found is not None:
                         return found[0]
                 positions = p_view[:k].tolist()
@@ -1050,7 +1076,7 @@ class NormIndex(BlendIndexBase):
         w = np.asarray(w, dtype=np.float64)
         if self._weights.mode == "additive":
             return hit_rows(np.ascontiguousarray(ids), np.ascontiguousarray(scores), ids.shape[1], w, None,
-                            d.hit_columns(), False)  # type: ignore[return-value]  (never None without untied)
+                            d.hit_columns(), 0)  # type: ignore[return-value]  (never None without untied)
         safe = np.maximum(ids, 0)
         g = d.g[safe]
         cosines = self._batch_cosines(scores, g, w)
@@ -1421,7 +1447,8 @@ def _untied(ids: list[int], scores: list[float]) -> tuple[list[int], list[float]
 
 
 def _cut_between_ties(search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]], q: np.ndarray, k: int,
-                      n: int, kernel_rows: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                      n: int, kernel_rows: int = 1,
+                      first: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``search(q, k)`` (exact: scores and internal ids, best first, of ``n`` searchable documents), with
     equal scores across the cut kept by lowest internal id (insertion order).
 
@@ -1434,10 +1461,12 @@ def _cut_between_ties(search: Callable[[np.ndarray, int], tuple[np.ndarray, np.n
     every document scoring as much is inside), and cut in (score, id) order. A whole batch searched again
     for one tied row took 3 s instead of 22 ms (64 queries, 50k duplicates among 200k documents). The rows
     searched again are repeated up to ``kernel_rows`` (the batch size from which ``search`` scores with
-    another kernel), so that their scores are the ones the batch's own kernel gives, to the last bit."""
+    another kernel), so that their scores are the ones the batch's own kernel gives, to the last bit.
+    ``first`` is the answer of that first search, ``k + 1`` wide (``k`` when ``k >= n``), if the caller
+    already has it."""
     if k >= n:
-        return search(q, k)
-    scores, ids = search(q, k + 1)
+        return search(q, k) if first is None else first
+    scores, ids = search(q, k + 1) if first is None else first
     tied = np.flatnonzero(scores[:, k - 1] == scores[:, k])
     out_s, out_i = np.ascontiguousarray(scores[:, :k]), np.ascontiguousarray(ids[:, :k])  # as search gave them
     if tied.size == 0:

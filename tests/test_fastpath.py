@@ -34,7 +34,7 @@ def pure_python(monkeypatch):
         def __enter__(self):
             monkeypatch.setattr(store_mod, "unit_into", fastpath._unit_into)
             monkeypatch.setattr(store_mod, "hit_rows", fastpath._hit_rows)
-            monkeypatch.setattr(store_mod, "array_row", fastpath._array_row)
+            monkeypatch.setattr(store_mod, "array_rows", fastpath._array_rows)
             monkeypatch.setattr(fastpath, "units_into", fastpath._units_into)
 
         def __exit__(self, *exc):
@@ -187,21 +187,27 @@ def test_hit_rows_checks_what_it_is_given():
     index = _build(n=40)
     cols = index._docs.hit_columns()
     rows, scores = np.array([[0, 1, 2]], np.int64), np.array([[0.3, 0.2, 0.1]], np.float32)
-    assert [h.id for h in fastpath.hit_rows(rows, scores, 3, 0.1, None, cols, True)[0]] == ["d0", "d1", "d2"]
+    assert [h.id for h in fastpath.hit_rows(rows, scores, 3, 0.1, None, cols, 1)[0]] == ["d0", "d1", "d2"]
     with pytest.raises(IndexError):
-        fastpath.hit_rows(np.array([[0, 99]], np.int64), scores[:, :2], 2, 0.1, None, cols, False)
+        fastpath.hit_rows(np.array([[0, 99]], np.int64), scores[:, :2], 2, 0.1, None, cols, 0)
     with pytest.raises(TypeError):
-        fastpath.hit_rows(rows.astype(np.int32), scores, 3, 0.1, None, cols, False)
+        fastpath.hit_rows(rows.astype(np.int32), scores, 3, 0.1, None, cols, 0)
     with pytest.raises(ValueError):
-        fastpath.hit_rows(rows, scores, 4, 0.1, None, cols, False)
-    cos = np.zeros((1, 3))
-    assert fastpath.array_row(rows, scores, 3, 0.1, None, cols, cos) == ["d0", "d1", "d2"]
-    assert cos.tolist() == [[float(s) - 0.1 * index._docs.g[i] for i, s in enumerate(scores[0])]]
-    assert fastpath.array_row(np.array([[0, -1, 2]]), scores, 3, 0.1, None, cols, cos) is None
-    with pytest.raises(ValueError):
-        fastpath.array_row(rows, scores, 3, 0.1, None, cols, np.zeros((1, 2)))
-    assert fastpath.hit_rows(np.array([[0, 1, 1]], np.int64), np.array([[0.3, 0.2, 0.2]], np.float32), 3,
-                             0.1, None, cols, True) is None
+        fastpath.hit_rows(rows, scores, 4, 0.1, None, cols, 0)
+    out_s, cos = np.zeros((1, 3), np.float32), np.zeros((1, 3))
+    for impl in (fastpath.array_rows, fastpath._array_rows):
+        assert impl(rows, scores, 3, 0.1, None, cols, out_s, cos, 1) == [["d0", "d1", "d2"]]
+        assert out_s.tolist() == scores.tolist()
+        assert cos.tolist() == [[float(s) - 0.1 * index._docs.g[i] for i, s in enumerate(scores[0])]]
+        assert impl(np.array([[0, -1, 2]]), scores, 3, 0.1, None, cols, out_s, cos, 1) is None
+        wide_rows, wide_scores = np.array([[0, 1, 2, 3]]), np.array([[0.3, 0.2, 0.1, 0.1]], np.float32)
+        assert impl(wide_rows, wide_scores, 3, 0.1, None, cols, out_s, cos, 2) is None  # a tie across the cut
+        assert impl(wide_rows, wide_scores, 3, 0.1, None, cols, out_s, cos, 1) == [["d0", "d1", "d2"]]
+        with pytest.raises(ValueError):
+            impl(rows, scores, 3, 0.1, None, cols, out_s, np.zeros((1, 2)), 1)
+    for impl in (fastpath.hit_rows, fastpath._hit_rows):
+        assert impl(wide_rows, wide_scores, 3, 0.1, None, cols, 2) is None
+        assert [h.id for h in impl(wide_rows, wide_scores, 3, 0.1, None, cols, 1)[0]] == ["d0", "d1", "d2"]
 
 
 def test_hits_are_slotted_values_that_copy_and_pickle():
