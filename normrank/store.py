@@ -815,7 +815,7 @@ class NormIndex(BlendIndexBase):
                     or (wts.mode == "multiplicative" and not wts.is_cosine)
                     or (arrays and wts.mode != "additive")):
                 return None
-            inner, labels = self._flat_parts()
+            labels = self._flat_parts()[1]
             ntotal, width, search_c = self._flat_calls
             # a flat search asks for one more, to see equal scores across the cut (_cut_between_ties)
             kk = k + 1 if self.index_type == "flat" and k < ntotal else k
