@@ -34,7 +34,12 @@ try:
         warnings.warn("normrank._fastpath was built from other sources than this normrank; using the Python "
                       "path (same results, slower per call). Rebuild it: pip install -e .", stacklevel=1)
         raise ImportError("normrank._fastpath is out of date")
-    _c.register_hit(Hit, copy_metadata)
+    try:
+        _c.register_hit(Hit, copy_metadata)
+    except (TypeError, AttributeError) as exc:  # Hit's fields are not the slots the C code fills
+        warnings.warn(f"normrank._fastpath cannot build Hit objects here ({exc}); using the Python path",
+                      stacklevel=1)
+        raise ImportError(str(exc)) from exc
 except ImportError:  # not built here (no C compiler at install), or turned off
     _c = None
 

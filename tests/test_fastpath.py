@@ -255,3 +255,19 @@ def test_the_accelerator_is_built_where_a_compiler_is():
     """``pip install`` builds the optional extension when it can; a missing build here means the
     install step (setup.py) broke, which the fallback would otherwise hide."""
     assert fastpath.accelerated()
+
+
+def test_a_stale_build_is_left_unused_with_a_warning():
+    """An editable install whose C module was built from older sources (another API version) must not be
+    called with this version's arguments: the Python path answers, and a warning says to rebuild."""
+    script = textwrap.dedent(f"""
+        import sys, types, warnings
+        sys.path.insert(0, {os.getcwd()!r})
+        sys.modules["normrank._fastpath"] = types.ModuleType("normrank._fastpath")  # no API_VERSION
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            import normrank.fastpath as fp
+        print(fp.accelerated(), any("Rebuild it" in str(w.message) for w in seen))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
