@@ -194,13 +194,14 @@ def multiplicative_bound(last_cosine: float, w: float) -> float:
 SCORE_KEYS: tuple[str, ...] = ("relevance_score", "cosine", "norm_feature", "weight", "norm")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Hit:
     """One result with its explanation; compares by value, so tests can compare runs.
 
     Slots, not a ``__dict__``: a search builds one per result, and a hit without a dict is about a third
     of the memory to write, which on the caches a scan has just emptied was ~10 us of a 10k-document
-    single query (benchmarks/results/speed.md).
+    single query (benchmarks/results/speed.md). It keeps what the dict gave users: weak references, and
+    pickles that a normrank from before the slots reads, and reads (its state is still a dict of fields).
 
     ``cosine`` is what a plain vector store would rank by, ``norm`` the raw embedding norm,
     ``norm_feature`` the shaped calibrated feature ``g(d)``, ``weight`` the query's ``w(q)``,
@@ -228,6 +229,29 @@ class Hit:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {f: getattr(self, f) for f in _HIT_FIELDS}
+
+    def __setstate__(self, state: dict[str, Any] | Sequence[Any]) -> None:
+        # a dict of fields (this normrank, and one from before the slots), or the list of values a slotted
+        # dataclass pickles by default; anything else is refused, not read into the wrong fields
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
+            state = state[1]  # (None, slots) from object.__reduce_ex__ of a slotted class
+        if isinstance(state, dict):
+            missing = [f for f in _HIT_FIELDS if f not in state]
+            if missing:
+                raise TypeError(f"a pickled Hit without the fields {missing}")
+            values = [state[f] for f in _HIT_FIELDS]
+        elif isinstance(state, (list, tuple)) and len(state) == len(_HIT_FIELDS):
+            values = list(state)
+        else:
+            raise TypeError(f"cannot read a pickled Hit from a state of type {type(state).__name__}")
+        for f, v in zip(_HIT_FIELDS, values):
+            object.__setattr__(self, f, v)
+
+
+_HIT_FIELDS = ("id", "score", "cosine", "norm", "norm_feature", "weight", "token_count", "text", "metadata")
 
 
 class HitArrays(NamedTuple):

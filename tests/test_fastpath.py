@@ -7,6 +7,7 @@ last bit. A subprocess with ``NORMRANK_PURE_PYTHON=1`` checks that the switch us
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -14,13 +15,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from dataclasses import asdict, replace
+import weakref
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pytest
 
 import normrank.store as store_mod
-from normrank import Hit, NormIndex, Weights, fastpath
+from normrank import Hit, NormIndex, Weights, fastpath, scoring
 from tests.conftest import synthetic
 
 DIM = 48
@@ -222,6 +224,55 @@ def test_hits_are_slotted_values_that_copy_and_pickle():
     assert all(type(h) is Hit and not hasattr(h, "__dict__") for h in found)
     found[0].metadata["mutated"] = True  # a copy: the stored metadata is not touched
     assert "mutated" not in (index.get([found[0].id])[0].metadata)
+
+
+@dataclass(frozen=True)
+class _HitBeforeSlots:
+    """``Hit`` as normrank defined it before the slots (a ``__dict__`` per hit)."""
+
+    id: str
+    score: float
+    cosine: float
+    norm: float
+    norm_feature: float
+    weight: float
+    token_count: int
+    text: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+def test_pickles_read_both_ways_across_the_slots_change(monkeypatch):
+    """A hit a service cached with pickle before the slots loads with its values (a slotted dataclass's
+    default ``__setstate__`` zipped the fields with the old dict's keys: every field got its own name), and
+    a pickle made now loads in a normrank from before (its state is still a dict of fields)."""
+    fields_ = {"id": "doc-7", "score": 0.5, "cosine": 0.4, "norm": 2.0, "norm_feature": 0.1, "weight": 0.02,
+               "token_count": 3, "text": "hello", "metadata": {"k": [1]}}
+    old_cls = type("Hit", (_HitBeforeSlots,), {"__module__": "normrank.scoring", "__qualname__": "Hit"})
+    old_cls = dataclass(frozen=True)(old_cls)
+    with monkeypatch.context() as m:  # pickle finds the class by its module and name, as an old normrank's
+        m.setattr(scoring, "Hit", old_cls)
+        old_bytes = [pickle.dumps(old_cls(**fields_), protocol=p) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
+    for data in old_bytes:
+        loaded = pickle.loads(data)
+        assert type(loaded) is Hit and asdict(loaded) == fields_
+    new_bytes = pickle.dumps(Hit(**fields_))
+
+    class BeforeSlots(pickle.Unpickler):
+        def find_class(self, module, name):
+            return old_cls if (module, name) == ("normrank.scoring", "Hit") else super().find_class(module, name)
+
+    assert asdict(BeforeSlots(io.BytesIO(new_bytes)).load()) == fields_
+    with pytest.raises(TypeError, match="without the fields"):
+        Hit.__new__(Hit).__setstate__({"id": "x"})
+
+
+def test_hits_can_be_weakly_referenced():
+    hit = Hit(id="a", score=0.5, cosine=0.4, norm=2.0, norm_feature=0.1, weight=0.02, token_count=3)
+    ref = weakref.ref(hit)
+    cache = weakref.WeakValueDictionary({"a": hit})
+    assert ref() is hit and cache["a"] is hit
+    found = _build(n=40).search(_corpus(1, seed=3)[0][0], 3)  # built by the C code where it runs
+    assert weakref.ref(found[0])() is found[0]
 
 
 def test_pure_python_switch_gives_the_same_answers(tmp_path):
