@@ -184,6 +184,158 @@ static PyObject *register_hit(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static int get(PyObject *obj, Py_buffer *b, char code, Py_ssize_t itemsize, const char *fn, const char *what) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    if (b->itemsize != itemsize || !(is_format(b, code) || (code == 'q' && is_format(b, 'l') && itemsize == sizeof(long)))) {
+        PyBuffer_Release(b);
+        PyErr_Format(PyExc_TypeError, "%s: %s has the wrong type", fn, what);
+        return -1;
+    }
+    return 0;
+}
+
+/* What hit_rows and array_rows read: FAISS's result rows and the documents' columns. */
+typedef struct {
+    const char *fn;
+    Py_buffer rows, scores, w, labels, norms, counts, g;
+    unsigned held;  /* which of the buffers above are held (bit i: the i-th) */
+    PyObject *ids, *texts, *metas;
+    Py_ssize_t n_rows, width, n_docs, n_labels;
+    double w_scalar;
+    const int64_t *pos, *lab;
+    const float *sc, *nrm;
+    const int32_t *cnt;
+    const double *wv, *gv;
+} Rows;
+
+static void rows_close(Rows *R) {
+    Py_buffer *all[] = {&R->rows, &R->scores, &R->w, &R->labels, &R->norms, &R->counts, &R->g};
+    for (int b = 0; b < 7; b++)
+        if (R->held & (1u << b)) PyBuffer_Release(all[b]);
+    R->held = 0;
+}
+
+static int rows_get(Rows *R, int b, PyObject *obj, char code, Py_ssize_t itemsize, const char *what) {
+    Py_buffer *all[] = {&R->rows, &R->scores, &R->w, &R->labels, &R->norms, &R->counts, &R->g};
+    if (get(obj, all[b], code, itemsize, R->fn, what) < 0) return -1;
+    R->held |= 1u << b;
+    return 0;
+}
+
+/* Read rows (n, width >= k) of positions and float32 scores, w (a number or float64 per row), labels (or
+   None) and columns (ids, texts, metas, norms, counts, g); with_stats: also norms and counts. 0, or -1 with
+   an error set (and nothing held). */
+static int rows_open(Rows *R, const char *fn, PyObject *const *args, Py_ssize_t k, int with_stats) {
+    memset(R, 0, sizeof *R);
+    R->fn = fn;
+    PyObject *columns = args[5];
+    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != 6 || !PyList_CheckExact(PyTuple_GET_ITEM(columns, 0))
+        || !PyList_CheckExact(PyTuple_GET_ITEM(columns, 1)) || !PyList_CheckExact(PyTuple_GET_ITEM(columns, 2))) {
+        PyErr_Format(PyExc_TypeError, "%s: columns is a tuple of 6, three lists first", fn);
+        return -1;
+    }
+    R->ids = PyTuple_GET_ITEM(columns, 0);
+    R->texts = PyTuple_GET_ITEM(columns, 1);
+    R->metas = PyTuple_GET_ITEM(columns, 2);
+    int w_is_scalar = PyFloat_Check(args[3]) || PyLong_Check(args[3]);
+    if (w_is_scalar) {
+        R->w_scalar = PyFloat_AsDouble(args[3]);
+        if (R->w_scalar == -1.0 && PyErr_Occurred()) return -1;
+    }
+    if (rows_get(R, 0, args[0], 'q', 8, "rows") < 0 || rows_get(R, 1, args[1], 'f', 4, "scores") < 0
+        || (!w_is_scalar && rows_get(R, 2, args[3], 'd', 8, "w") < 0)
+        || (args[4] != Py_None && rows_get(R, 3, args[4], 'q', 8, "labels") < 0)
+        || (with_stats && rows_get(R, 4, PyTuple_GET_ITEM(columns, 3), 'f', 4, "norms") < 0)
+        || (with_stats && rows_get(R, 5, PyTuple_GET_ITEM(columns, 4), 'i', 4, "counts") < 0)
+        || rows_get(R, 6, PyTuple_GET_ITEM(columns, 5), 'd', 8, "g") < 0)
+        goto error;
+    R->n_rows = R->rows.ndim == 2 ? R->rows.shape[0] : 1;
+    R->width = R->n_rows ? R->rows.len / 8 / R->n_rows : 0;
+    /* the lists hold one entry per internal id; the arrays may have room for more */
+    R->n_docs = PyList_GET_SIZE(R->ids);
+    if (PyList_GET_SIZE(R->texts) != R->n_docs || PyList_GET_SIZE(R->metas) != R->n_docs || R->g.len / 8 < R->n_docs
+        || (with_stats && (R->norms.len / 4 < R->n_docs || R->counts.len / 4 < R->n_docs))) {
+        PyErr_Format(PyExc_ValueError, "%s: the columns differ in length", fn);
+        goto error;
+    }
+    if (k > R->width || R->scores.len / 4 != R->n_rows * R->width || (!w_is_scalar && R->w.len / 8 < R->n_rows)) {
+        PyErr_Format(PyExc_ValueError, "%s: rows, scores and w do not match", fn);
+        goto error;
+    }
+    R->pos = (const int64_t *)R->rows.buf;
+    R->lab = args[4] != Py_None ? (const int64_t *)R->labels.buf : NULL;
+    R->n_labels = R->lab != NULL ? R->labels.len / 8 : 0;
+    R->sc = (const float *)R->scores.buf;
+    R->wv = w_is_scalar ? NULL : (const double *)R->w.buf;
+    R->nrm = with_stats ? (const float *)R->norms.buf : NULL;
+    R->cnt = with_stats ? (const int32_t *)R->counts.buf : NULL;
+    R->gv = (const double *)R->g.buf;
+    return 0;
+error:
+    rows_close(R);
+    return -1;
+}
+
+/* Check the first k of every row before anything is built, and start fetching what will be read: 1 to
+   build; 0 when a row needs the caller's ordering (untied 1: equal scores among its hits, or a missing
+   hit; 2: also its k-th and next scores equal); -1 with an error set. A missing hit without untied is
+   skipped when skip_missing, else an error. */
+static int rows_check(Rows *R, Py_ssize_t k, long untied, int skip_missing) {
+    for (Py_ssize_t r = 0; r < R->n_rows; r++) {
+        const float *srow = R->sc + r * R->width;
+        if (untied >= 2 && R->width > k && k > 0 && srow[k - 1] == srow[k]) return 0;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t p = R->pos[r * R->width + j];
+            if (p < 0) {
+                if (untied) return 0;
+                if (skip_missing) continue;
+                PyErr_Format(PyExc_ValueError, "%s: a missing hit (-1) needs untied", R->fn);
+                return -1;
+            }
+            if (untied && j > 0 && srow[j] == srow[j - 1]) return 0;
+            if (R->lab != NULL) {
+                if (p >= R->n_labels) goto out_of_range;
+                p = R->lab[p];
+            }
+            if (p < 0 || p >= R->n_docs) goto out_of_range;
+            prefetch_columns(R->ids, R->nrm ? R->texts : NULL, R->nrm ? R->metas : NULL, R->nrm, R->cnt, R->gv, p);
+        }
+    }
+    for (Py_ssize_t r = 0; r < R->n_rows; r++) {
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t p = R->pos[r * R->width + j];
+            if (p >= 0) prefetch_objects(R->ids, R->nrm ? R->texts : NULL, R->lab != NULL ? R->lab[p] : p);
+        }
+    }
+    return 1;
+out_of_range:
+    PyErr_Format(PyExc_IndexError, "%s: a position outside the index", R->fn);
+    return -1;
+}
+
+/* The internal id of row r's j-th hit (checked by rows_check), or -1. */
+static inline int64_t rows_doc(const Rows *R, Py_ssize_t r, Py_ssize_t j) {
+    int64_t p = R->pos[r * R->width + j];
+    return p < 0 || R->lab == NULL ? p : R->lab[p];
+}
+
+/* Read k and untied, the arguments at positions 2 and last. */
+static int read_k_untied(const char *fn, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want,
+                         Py_ssize_t *k, long *untied) {
+    if (nargs != want) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments", fn, want);
+        return -1;
+    }
+    *k = PyLong_AsSsize_t(args[2]);
+    if (*k == -1 && PyErr_Occurred()) return -1;
+    if (*k < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: k < 0", fn);
+        return -1;
+    }
+    *untied = PyLong_AsLong(args[nargs - 1]);
+    return *untied == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 PyDoc_STRVAR(hit_rows_doc,
 "hit_rows(rows, scores, k, w, labels, columns, untied) -> list | None\n\n"
 "Hit objects of an additive blend: for each result row r, the first k entries of rows[r] (FAISS positions;\n"
@@ -195,173 +347,68 @@ PyDoc_STRVAR(hit_rows_doc,
 "its k-th and next scores are equal (rows wider than k); the caller then orders the row by its own\n"
 "rules. 0: no check. rows and scores are C-contiguous (n, width >= k) buffers.");
 
-static int get(PyObject *obj, Py_buffer *b, char code, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    if (b->itemsize != itemsize || !(is_format(b, code) || (code == 'q' && is_format(b, 'l') && itemsize == sizeof(long)))) {
-        PyBuffer_Release(b);
-        PyErr_Format(PyExc_TypeError, "hit_rows: %s has the wrong type", what);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *hit_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "hit_rows takes 7 arguments");
-        return NULL;
-    }
-    PyObject *columns = args[5];
-    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != 6) {
-        PyErr_SetString(PyExc_TypeError, "hit_rows: columns is a tuple of 6");
-        return NULL;
-    }
+    Py_ssize_t k;
+    long untied;
+    Rows R;
+    if (read_k_untied("hit_rows", args, nargs, 7, &k, &untied) < 0) return NULL;
     if (hit_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "hit_rows: register_hit was not called");
         return NULL;
     }
-    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
-    if (k < 0) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "hit_rows: k < 0");
-        return NULL;
+    if (rows_open(&R, "hit_rows", args, k, 1) < 0) return NULL;
+    PyObject *out = NULL;
+    int ok = rows_check(&R, k, untied, 1);
+    if (ok <= 0) {
+        rows_close(&R);
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
     }
-    PyObject *ids = PyTuple_GET_ITEM(columns, 0), *texts = PyTuple_GET_ITEM(columns, 1);
-    PyObject *metas = PyTuple_GET_ITEM(columns, 2), *copy_meta = copy_metadata;
-    long untied = PyLong_AsLong(args[6]);
-    if (untied == -1 && PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(ids) || !PyList_CheckExact(texts) || !PyList_CheckExact(metas)) {
-        PyErr_SetString(PyExc_TypeError, "hit_rows: ids, texts and metas must be lists");
-        return NULL;
-    }
-    double w_scalar = 0.0;
-    int w_is_scalar = PyFloat_Check(args[3]) || PyLong_Check(args[3]);
-    if (w_is_scalar) {
-        w_scalar = PyFloat_AsDouble(args[3]);
-        if (w_scalar == -1.0 && PyErr_Occurred()) return NULL;
-    }
-    Py_buffer rb, sb, wb, lb, nb, cb, gb;
-    int have_labels = args[4] != Py_None, got = 0;
-    PyObject *result = NULL, *out = NULL;
-    if (get(args[0], &rb, 'q', 8, "rows") < 0) goto done;
-    got = 1;
-    if (get(args[1], &sb, 'f', 4, "scores") < 0) goto done;
-    got = 2;
-    if (!w_is_scalar && get(args[3], &wb, 'd', 8, "w") < 0) goto done;
-    got = 3;
-    if (have_labels && get(args[4], &lb, 'q', 8, "labels") < 0) goto done;
-    got = 4;
-    if (get(PyTuple_GET_ITEM(columns, 3), &nb, 'f', 4, "norms") < 0) goto done;
-    got = 5;
-    if (get(PyTuple_GET_ITEM(columns, 4), &cb, 'i', 4, "counts") < 0) goto done;
-    got = 6;
-    if (get(PyTuple_GET_ITEM(columns, 5), &gb, 'd', 8, "g") < 0) goto done;
-    got = 7;
-    {
-        Py_ssize_t n_rows = rb.ndim >= 1 && rb.shape != NULL ? (rb.ndim == 1 ? 1 : rb.shape[0]) : 1;
-        Py_ssize_t width = n_rows ? rb.len / 8 / n_rows : 0;
-        /* the lists hold one entry per internal id; the arrays may have room for more */
-        Py_ssize_t n_docs = PyList_GET_SIZE(ids);
-        if (PyList_GET_SIZE(texts) != n_docs || PyList_GET_SIZE(metas) != n_docs || nb.len / 4 < n_docs
-            || cb.len / 4 < n_docs || gb.len / 8 < n_docs) {
-            PyErr_SetString(PyExc_ValueError, "hit_rows: the columns differ in length");
-            goto done;
+    out = PyList_New(R.n_rows);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t r = 0; r < R.n_rows; r++) {
+        double w = R.wv ? R.wv[r] : R.w_scalar;
+        PyObject *wobj = PyFloat_FromDouble(w);
+        PyObject *row = wobj ? PyList_New(0) : NULL;
+        if (row == NULL) {
+            Py_XDECREF(wobj);
+            goto fail;
         }
-        if (k > width || sb.len / 4 != n_rows * width || (!w_is_scalar && wb.len / 8 < n_rows)) {
-            PyErr_SetString(PyExc_ValueError, "hit_rows: rows, scores and w do not match");
-            goto done;
-        }
-        const int64_t *pos = (const int64_t *)rb.buf, *lab = have_labels ? (const int64_t *)lb.buf : NULL;
-        Py_ssize_t n_lab = have_labels ? lb.len / 8 : 0;
-        const float *sc = (const float *)sb.buf, *nrm = (const float *)nb.buf;
-        const int32_t *cnt = (const int32_t *)cb.buf;
-        const double *g = (const double *)gb.buf, *wv = w_is_scalar ? NULL : (const double *)wb.buf;
-        /* check every row first: nothing is built for a call that answers None or raises */
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            if (untied >= 2 && width > k && k > 0 && sc[r * width + k - 1] == sc[r * width + k]) goto untie;
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t p = pos[r * width + j];
-                if (p < 0) {
-                    if (untied) goto untie;
-                    continue;
-                }
-                if (lab != NULL) {
-                    if (p >= n_lab) goto out_of_range;
-                    p = lab[p];
-                }
-                if (p < 0 || p >= n_docs) goto out_of_range;
-                if (untied && j > 0 && sc[r * width + j] == sc[r * width + j - 1]) goto untie;
-                prefetch_columns(ids, texts, metas, nrm, cnt, g, p);
-            }
-        }
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t p = pos[r * width + j];
-                if (p >= 0) prefetch_objects(ids, texts, lab != NULL ? lab[p] : p);
-            }
-        }
-        out = PyList_New(n_rows);
-        if (out == NULL) goto done;
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            double w = wv ? wv[r] : w_scalar;
-            PyObject *wobj = PyFloat_FromDouble(w);
-            PyObject *row = wobj ? PyList_New(0) : NULL;
-            if (row == NULL) {
-                Py_XDECREF(wobj);
+        PyList_SET_ITEM(out, r, row);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t i = rows_doc(&R, r, j);
+            if (i < 0) continue;
+            double s = R.sc[r * R.width + j], gg = R.gv[i];
+            PyObject *hit = hit_type->tp_alloc(hit_type, 0);
+            if (hit == NULL) {
+                Py_DECREF(wobj);
                 goto fail;
             }
-            PyList_SET_ITEM(out, r, row);
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t i = pos[r * width + j];
-                if (i < 0) continue;
-                if (lab != NULL) i = lab[i];
-                double s = sc[r * width + j], gg = g[i];
-                PyObject *hit = hit_type->tp_alloc(hit_type, 0);
-                if (hit == NULL) {
-                    Py_DECREF(wobj);
-                    goto fail;
-                }
-                PyObject *m = PyList_GET_ITEM(metas, i);
-                PyObject *v[N_FIELDS] = {
-                    Py_NewRef(PyList_GET_ITEM(ids, i)), PyFloat_FromDouble(s), PyFloat_FromDouble(s - w * gg),
-                    PyFloat_FromDouble((double)nrm[i]), PyFloat_FromDouble(gg), Py_NewRef(wobj),
-                    PyLong_FromLong((long)cnt[i]), Py_NewRef(PyList_GET_ITEM(texts, i)),
-                    m == Py_None ? PyDict_New() : PyObject_CallOneArg(copy_meta, m)};
-                int bad = 0;
-                for (int f = 0; f < N_FIELDS; f++) {  /* a NULL slot reads as unset; dealloc skips it */
-                    *(PyObject **)((char *)hit + field_offset[f]) = v[f];
-                    bad |= v[f] == NULL;
-                }
-                if (bad || PyList_Append(row, hit) < 0) {
-                    Py_DECREF(hit);
-                    Py_DECREF(wobj);
-                    goto fail;
-                }
-                Py_DECREF(hit);
+            PyObject *m = PyList_GET_ITEM(R.metas, i);
+            PyObject *v[N_FIELDS] = {
+                Py_NewRef(PyList_GET_ITEM(R.ids, i)), PyFloat_FromDouble(s), PyFloat_FromDouble(s - w * gg),
+                PyFloat_FromDouble((double)R.nrm[i]), PyFloat_FromDouble(gg), Py_NewRef(wobj),
+                PyLong_FromLong((long)R.cnt[i]), Py_NewRef(PyList_GET_ITEM(R.texts, i)),
+                m == Py_None ? PyDict_New() : PyObject_CallOneArg(copy_metadata, m)};
+            int bad = 0;
+            for (int f = 0; f < N_FIELDS; f++) {  /* a NULL slot reads as unset; dealloc skips it */
+                *(PyObject **)((char *)hit + field_offset[f]) = v[f];
+                bad |= v[f] == NULL;
             }
-            Py_DECREF(wobj);
+            if (bad || PyList_Append(row, hit) < 0) {
+                Py_DECREF(hit);
+                Py_DECREF(wobj);
+                goto fail;
+            }
+            Py_DECREF(hit);
         }
-        result = out;
-        out = NULL;
-        goto done;
-    untie:
-        Py_INCREF(Py_None);
-        result = Py_None;
-        goto done;
-    out_of_range:
-        PyErr_SetString(PyExc_IndexError, "hit_rows: a position outside the index");
-        goto done;
+        Py_DECREF(wobj);
     }
+    rows_close(&R);
+    return out;
 fail:
-    Py_CLEAR(out);
-done:
     Py_XDECREF(out);
-    if (got >= 7) PyBuffer_Release(&gb);
-    if (got >= 6) PyBuffer_Release(&cb);
-    if (got >= 5) PyBuffer_Release(&nb);
-    if (got >= 4 && have_labels) PyBuffer_Release(&lb);
-    if (got >= 3 && !w_is_scalar) PyBuffer_Release(&wb);
-    if (got >= 2) PyBuffer_Release(&sb);
-    if (got >= 1) PyBuffer_Release(&rb);
-    return result;
+    rows_close(&R);
+    return NULL;
 }
 
 PyDoc_STRVAR(array_rows_doc,
@@ -372,124 +419,55 @@ PyDoc_STRVAR(array_rows_doc,
 "as for hit_rows; then every hit must be present (no -1). rows, scores, w and columns as for hit_rows.");
 
 static PyObject *array_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 9) {
-        PyErr_SetString(PyExc_TypeError, "array_rows takes 9 arguments");
+    Py_ssize_t k;
+    long untied;
+    Rows R;
+    Py_buffer osb, ocb;
+    if (read_k_untied("array_rows", args, nargs, 9, &k, &untied) < 0) return NULL;
+    if (rows_open(&R, "array_rows", args, k, 0) < 0) return NULL;
+    if (PyObject_GetBuffer(args[6], &osb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        rows_close(&R);
         return NULL;
     }
-    PyObject *columns = args[5];
-    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != 6
-        || !PyList_CheckExact(PyTuple_GET_ITEM(columns, 0))) {
-        PyErr_SetString(PyExc_TypeError, "array_rows: columns is a tuple of 6, ids first");
+    if (PyObject_GetBuffer(args[7], &ocb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&osb);
+        rows_close(&R);
         return NULL;
     }
-    PyObject *ids = PyTuple_GET_ITEM(columns, 0);
-    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
-    long untied = PyLong_AsLong(args[8]);
-    if (PyErr_Occurred()) return NULL;
-    if (k < 0) {
-        PyErr_SetString(PyExc_ValueError, "array_rows: k < 0");
-        return NULL;
-    }
-    double w_scalar = 0.0;
-    int w_is_scalar = PyFloat_Check(args[3]) || PyLong_Check(args[3]);
-    if (w_is_scalar) {
-        w_scalar = PyFloat_AsDouble(args[3]);
-        if (w_scalar == -1.0 && PyErr_Occurred()) return NULL;
-    }
-    Py_buffer rb, sb, wb, lb, gb, osb, ocb;
-    int have_labels = args[4] != Py_None, got = 0;
     PyObject *result = NULL, *out = NULL;
-    if (get(args[0], &rb, 'q', 8, "rows") < 0) goto done;
-    got = 1;
-    if (get(args[1], &sb, 'f', 4, "scores") < 0) goto done;
-    got = 2;
-    if (!w_is_scalar && get(args[3], &wb, 'd', 8, "w") < 0) goto done;
-    got = 3;
-    if (have_labels && get(args[4], &lb, 'q', 8, "labels") < 0) goto done;
-    got = 4;
-    if (get(PyTuple_GET_ITEM(columns, 5), &gb, 'd', 8, "g") < 0) goto done;
-    got = 5;
-    if (PyObject_GetBuffer(args[6], &osb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) goto done;
-    got = 6;
-    if (PyObject_GetBuffer(args[7], &ocb, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE | PyBUF_FORMAT) < 0) goto done;
-    got = 7;
-    {
-        Py_ssize_t n_rows = rb.ndim == 2 ? rb.shape[0] : 1;
-        Py_ssize_t width = n_rows ? rb.len / 8 / n_rows : 0;
-        Py_ssize_t n_docs = PyList_GET_SIZE(ids), n_lab = have_labels ? lb.len / 8 : 0;
-        if (k > width || sb.len / 4 != n_rows * width || (!w_is_scalar && wb.len / 8 < n_rows)
-            || !is_format(&osb, 'f') || osb.len / 4 != n_rows * k || !is_format(&ocb, 'd')
-            || ocb.len / 8 != n_rows * k || gb.len / 8 < n_docs) {
-            PyErr_SetString(PyExc_ValueError, "array_rows: rows, scores, w, outputs and columns do not match");
-            goto done;
-        }
-        const int64_t *pos = (const int64_t *)rb.buf, *lab = have_labels ? (const int64_t *)lb.buf : NULL;
-        const float *sc = (const float *)sb.buf;
-        const double *g = (const double *)gb.buf, *wv = w_is_scalar ? NULL : (const double *)wb.buf;
-        float *o_sc = (float *)osb.buf;
-        double *o_cos = (double *)ocb.buf;
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            const float *srow = sc + r * width;
-            if (untied >= 2 && width > k && k > 0 && srow[k - 1] == srow[k]) goto untie;
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t p = pos[r * width + j];
-                if (p < 0) {
-                    if (untied) goto untie;
-                    PyErr_SetString(PyExc_ValueError, "array_rows: a missing hit (-1) needs untied");
-                    goto done;
-                }
-                if (untied && j > 0 && srow[j] == srow[j - 1]) goto untie;
-                if (lab != NULL) {
-                    if (p >= n_lab) goto out_of_range;
-                    p = lab[p];
-                }
-                if (p < 0 || p >= n_docs) goto out_of_range;
-                prefetch_columns(ids, NULL, NULL, NULL, NULL, g, p);
-            }
-        }
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t p = pos[r * width + j];
-                prefetch_objects(ids, NULL, lab != NULL ? lab[p] : p);
-            }
-        }
-        out = PyList_New(n_rows);
-        if (out == NULL) goto done;
-        for (Py_ssize_t r = 0; r < n_rows; r++) {
-            double w = wv ? wv[r] : w_scalar;
-            PyObject *row = PyList_New(k);
-            if (row == NULL) goto fail;
-            PyList_SET_ITEM(out, r, row);
-            for (Py_ssize_t j = 0; j < k; j++) {
-                int64_t i = pos[r * width + j];
-                if (lab != NULL) i = lab[i];
-                double sj = sc[r * width + j];
-                o_sc[r * k + j] = sc[r * width + j];
-                o_cos[r * k + j] = sj - w * g[i];
-                PyList_SET_ITEM(row, j, Py_NewRef(PyList_GET_ITEM(ids, i)));
-            }
-        }
-        result = out;
-        out = NULL;
-        goto done;
-    untie:
-        result = Py_NewRef(Py_None);
-        goto done;
-    out_of_range:
-        PyErr_SetString(PyExc_IndexError, "array_rows: a position outside the index");
+    if (!is_format(&osb, 'f') || osb.len / 4 != R.n_rows * k || !is_format(&ocb, 'd') || ocb.len / 8 != R.n_rows * k) {
+        PyErr_SetString(PyExc_ValueError, "array_rows: out_scores and out_cosines must be float32 and float64 (n, k)");
         goto done;
     }
-fail:
-    Py_CLEAR(out);
+    int ok = rows_check(&R, k, untied, 0);
+    if (ok <= 0) {
+        result = ok < 0 ? NULL : Py_NewRef(Py_None);
+        goto done;
+    }
+    float *o_sc = (float *)osb.buf;
+    double *o_cos = (double *)ocb.buf;
+    out = PyList_New(R.n_rows);
+    if (out == NULL) goto done;
+    for (Py_ssize_t r = 0; r < R.n_rows; r++) {
+        double w = R.wv ? R.wv[r] : R.w_scalar;
+        PyObject *row = PyList_New(k);
+        if (row == NULL) goto done;
+        PyList_SET_ITEM(out, r, row);
+        for (Py_ssize_t j = 0; j < k; j++) {
+            int64_t i = rows_doc(&R, r, j);
+            double s = R.sc[r * R.width + j];
+            o_sc[r * k + j] = R.sc[r * R.width + j];
+            o_cos[r * k + j] = s - w * R.gv[i];
+            PyList_SET_ITEM(row, j, Py_NewRef(PyList_GET_ITEM(R.ids, i)));
+        }
+    }
+    result = out;
+    out = NULL;
 done:
     Py_XDECREF(out);
-    if (got >= 7) PyBuffer_Release(&ocb);
-    if (got >= 6) PyBuffer_Release(&osb);
-    if (got >= 5) PyBuffer_Release(&gb);
-    if (got >= 4 && have_labels) PyBuffer_Release(&lb);
-    if (got >= 3 && !w_is_scalar) PyBuffer_Release(&wb);
-    if (got >= 2) PyBuffer_Release(&sb);
-    if (got >= 1) PyBuffer_Release(&rb);
+    PyBuffer_Release(&ocb);
+    PyBuffer_Release(&osb);
+    rows_close(&R);
     return result;
 }
 
