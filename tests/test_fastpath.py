@@ -16,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import weakref
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, field, fields, make_dataclass, replace
 
 import numpy as np
 import pytest
@@ -226,19 +226,13 @@ def test_hits_are_slotted_values_that_copy_and_pickle():
     assert "mutated" not in (index.get([found[0].id])[0].metadata)
 
 
-@dataclass(frozen=True)
-class _HitBeforeSlots:
-    """``Hit`` as normrank defined it before the slots (a ``__dict__`` per hit)."""
-
-    id: str
-    score: float
-    cosine: float
-    norm: float
-    norm_feature: float
-    weight: float
-    token_count: int
-    text: str | None = None
-    metadata: dict = field(default_factory=dict)
+def _hit_before_slots() -> type:
+    """``Hit`` as normrank defined it before the slots (a ``__dict__`` per hit), under the same module and
+    name, so that pickle records it as ``normrank.scoring.Hit``."""
+    spec = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory)) for f in fields(Hit)]
+    cls = make_dataclass("Hit", spec, frozen=True)
+    cls.__module__ = "normrank.scoring"
+    return cls
 
 
 def test_pickles_read_both_ways_across_the_slots_change(monkeypatch):
@@ -247,8 +241,7 @@ def test_pickles_read_both_ways_across_the_slots_change(monkeypatch):
     a pickle made now loads in a normrank from before (its state is still a dict of fields)."""
     fields_ = {"id": "doc-7", "score": 0.5, "cosine": 0.4, "norm": 2.0, "norm_feature": 0.1, "weight": 0.02,
                "token_count": 3, "text": "hello", "metadata": {"k": [1]}}
-    old_cls = type("Hit", (_HitBeforeSlots,), {"__module__": "normrank.scoring", "__qualname__": "Hit"})
-    old_cls = dataclass(frozen=True)(old_cls)
+    old_cls = _hit_before_slots()
     with monkeypatch.context() as m:  # pickle finds the class by its module and name, as an old normrank's
         m.setattr(scoring, "Hit", old_cls)
         old_bytes = [pickle.dumps(old_cls(**fields_), protocol=p) for p in range(pickle.HIGHEST_PROTOCOL + 1)]
