@@ -185,13 +185,18 @@ class SearchableIndex(Protocol):
 
 
 def locked(index: Any) -> Any:
-    """The index's own (re-entrant) lock as a context manager, or a no-op for an index without one.
+    """The index's own (re-entrant) lock as a context manager, or a no-op for an index without one; for an
+    index whose reads are transactions (pgvector), one snapshot for every read in the block
+    (``consistent_reads``), which other processes' writes do not change either.
 
     For adapters that read the index twice for one answer (MMR: the hits, then their vectors; LlamaIndex:
     which ids restrict, then the search): the store's own lock keeps out only that store's writers, and
-    another store, retriever or thread on the same index changed it in between (an ``UnknownIdError`` for an
-    id the caller never named, or hits from one state with vectors from another). Take it inside the
-    store's lock, never around it, as ``upsert_vectors`` does."""
+    another store, retriever, thread or process on the same index changed it in between (an
+    ``UnknownIdError`` for an id the caller never named, or hits from one state with vectors from another).
+    Take it inside the store's lock, never around it, as ``upsert_vectors`` does; only reads go inside."""
+    together = getattr(index, "consistent_reads", None)
+    if together is not None:
+        return together()
     return getattr(index, "_lock", None) or contextlib.nullcontext()
 
 

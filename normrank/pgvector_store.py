@@ -39,7 +39,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Self, TypeVar
 
 import numpy as np
@@ -202,6 +202,7 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         self._exists = False
         self._closed = False
         self._lock = threading.RLock()
+        self._reading: Any = None  # the cursor of an open consistent_reads() block (see there)
         self._conn: Any = None
         self._pid = os.getpid()  # the process that opened self._conn
         _HANDLES.add(self)
@@ -276,6 +277,39 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @contextlib.contextmanager
+    def consistent_reads(self) -> Iterator[None]:
+        """Every read of this handle inside the block (searches, ``vectors``, ``get``) sees one snapshot of
+        the table: one ``REPEATABLE READ`` transaction, which other processes' writes do not change.
+
+        Why: MMR searches, then reads its hits' vectors; another process deleting a hit in between made the
+        second read raise ``UnknownIdError`` for an id the caller never named, or pair the hits of one state
+        with the vectors of another (each read was its own transaction). Other threads on this handle wait
+        for the block; writes inside it are refused. Nested blocks share the outer one."""
+        psycopg = psycopg_module()
+        with self._lock:
+            if self._reading is not None:
+                yield
+                return
+            if self._closed:
+                raise BackendError(f"this PgVectorNormIndex on table {self.table} was closed; open a new one")
+            try:
+                if self._conn is None or self._conn.closed or self._pid != os.getpid():
+                    self._reconnect()
+                conn = self._conn
+                if conn.isolation_level != psycopg.IsolationLevel.REPEATABLE_READ:
+                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                with conn.transaction():
+                    cur = conn.cursor()
+                    self._sync(cur, force=False)
+                    self._reading = cur
+                    try:
+                        yield
+                    finally:
+                        self._reading = None
+            except psycopg.Error as exc:
+                raise self._named_error(exc, False) from None
+
     def _run(self, body: Callable[[Any], T], *, write: bool = False) -> T:
         """``body(cursor)`` in one transaction that starts from the table's current state.
 
@@ -288,6 +322,13 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
         psycopg = psycopg_module()
         level = None if write else psycopg.IsolationLevel.REPEATABLE_READ
         with self._lock:
+            if self._reading is not None:  # inside consistent_reads(), on the thread that holds the lock
+                if write:
+                    raise InvalidArgumentError("a write inside consistent_reads(): only reads share its snapshot")
+                try:
+                    return body(self._reading)
+                except psycopg.Error as exc:
+                    raise self._named_error(exc, False) from None
             if self._closed:
                 raise BackendError(f"this PgVectorNormIndex on table {self.table} was closed; open a new one")
             for attempt in (0, 1):

@@ -763,3 +763,32 @@ def test_a_table_sync_that_only_deletes_refits_the_automatic_calibration(pg_dsn,
     for q in synthetic(10, 16, seed=998)[0]:
         assert [(h.id, round(h.score, 5)) for h in reader.search(q, 10)] == \
                [(h.id, round(h.score, 5)) for h in fresh.search(q, 10)]
+
+
+def test_consistent_reads_see_one_snapshot_while_another_process_writes(pg_dsn, table):
+    """Inside ``consistent_reads()`` every read of a handle is one ``REPEATABLE READ`` transaction: a delete
+    another process commits meanwhile is not seen (by searches, ``vectors``, ``get`` or the count), the block
+    ends with the state it began with, and the next read sees the delete. Writes inside are refused, by
+    name, and change nothing; a nested block shares the outer one."""
+    vecs, counts = synthetic(40, 16, seed=21)
+    ids = [f"d{i}" for i in range(40)]
+    mine, other = PgVectorNormIndex(pg_dsn, table, weights=Weights(a=0.05)), PgVectorNormIndex(pg_dsn, table)
+    try:
+        mine.add_vectors(vecs, counts, ids=ids)
+        before = [h.id for h in mine.search(vecs[0], 5)]
+        with mine.consistent_reads():
+            other.delete(before[:2])
+            assert [h.id for h in mine.search(vecs[0], 5)] == before
+            assert np.allclose(mine.vectors(before[:2]), vecs[[int(x[1:]) for x in before[:2]]], atol=1e-5)
+            assert [r.id for r in mine.get(before[:2])] == before[:2] and len(mine) == 40
+            with mine.consistent_reads():  # nested: the same snapshot
+                assert [h.id for h in mine.search(vecs[0], 5)] == before
+            with pytest.raises(InvalidArgumentError, match="consistent_reads"):
+                mine.delete([before[2]])
+        assert len(mine) == 38 and before[2] in mine
+        assert [h.id for h in mine.search(vecs[0], 3)] == before[2:5]
+        with pytest.raises(UnknownIdError):
+            mine.vectors(before[:1])
+    finally:
+        mine.close()
+        other.close()

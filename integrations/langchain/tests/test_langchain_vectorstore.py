@@ -304,6 +304,40 @@ def test_mmr_reads_its_hits_and_their_vectors_from_one_state_of_a_shared_index(e
     assert len(store) == 29 and len(store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)) == 4
 
 
+def test_mmr_over_pgvector_reads_one_snapshot_while_another_process_deletes(encoder, demo_texts, demo_encoded,
+                                                                           pg_dsn, pg_table):
+    """On pgvector MMR's two reads (the hits, then their vectors) were two transactions: another process
+    deleting a hit in between made the retrieval raise ``UnknownIdError`` for an id the caller never named.
+    Here a second handle (its own connection, as another process has) deletes the top hit the moment the
+    search returns: the answer is the one of the state the retrieval began with, and the next one sees the
+    delete."""
+    from normrank.pgvector_store import PgVectorNormIndex
+
+    vecs, counts = demo_encoded
+    mine, other = PgVectorNormIndex(pg_dsn, pg_table, encoder, weights=WEIGHTS), PgVectorNormIndex(pg_dsn, pg_table)
+    try:
+        mine.add_vectors(vecs[:30], counts[:30], ids=[f"d{i}" for i in range(30)], texts=demo_texts[:30])
+        store = NormRankVectorStore(NormRankEmbeddings(encoder=encoder), index=mine)
+        before = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
+        real_search, deleted = mine.search, []
+
+        def search_then_another_process_deletes(*args, **kwargs):
+            hits = real_search(*args, **kwargs)
+            if not deleted:
+                deleted.append(hits[0].id)
+                other.delete(deleted)  # committed on its own connection, between the two reads
+            return hits
+
+        mine.search = search_then_another_process_deletes
+        during = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
+        assert during == before and deleted and deleted[0] in before
+        after = [d.id for d in store.max_marginal_relevance_search("blood sugar", k=4, fetch_k=10)]
+        assert deleted[0] not in after and len(after) == 4 and len(other) == 29
+    finally:
+        mine.close()
+        other.close()
+
+
 def test_metadata_using_the_explanation_key_is_refused_and_nothing_changes(store):
     n = len(store)
     with pytest.raises(InvalidArgumentError, match="'normrank'"):

@@ -794,7 +794,9 @@ def test_two_handles_on_one_pgvector_table_query_and_delete_without_spurious_err
                                                                                     pg_table_factory):
     """On pgvector another handle (another process) can delete between this store's count and search, or
     between listing a document's nodes and deleting them: the query failed with "k of 34 is larger than the
-    number of documents (33)" and a second delete of one document raised UnknownIdError."""
+    number of documents (33)" and a second delete of one document raised UnknownIdError. A query now reads
+    one snapshot of the table (``PgVectorNormIndex.consistent_reads``): a delete committed while it runs is
+    not seen, and the answer is the one of the state it began with."""
     from normrank.pgvector_store import PgVectorNormIndex
 
     table = pg_table_factory("li")
@@ -813,7 +815,9 @@ def test_two_handles_on_one_pgvector_table_query_and_delete_without_spurious_err
 
         a.index.search = search_after_another_delete
         res = a.query(VectorStoreQuery(query_embedding=list(map(float, vectors[0])), similarity_top_k=100))
-        assert len(res.ids) == 7 and removed[0] not in res.ids  # every stored node, as when alone
+        assert len(res.ids) == 8 and removed[0] in res.ids  # every node of the state the query began with
+        res = a.query(VectorStoreQuery(query_embedding=list(map(float, vectors[0])), similarity_top_k=100))
+        assert len(res.ids) == 7 and removed[0] not in res.ids  # the next query sees the delete
 
         doc = docs[1].doc_id
 
