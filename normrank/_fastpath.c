@@ -92,6 +92,22 @@ static void prefetch_objects(PyObject *ids, PyObject *texts, int64_t i) {
     if (texts != NULL) PREFETCH(PyList_GET_ITEM(texts, i));
 }
 
+/* out[:dim] = float32(src) / float32(norm), norm = NumPy's pairwise float64 sum of the float32 squares; 1
+   when the norm is finite, above min_norm and within float32 (else 0, out holding the float32 values). */
+static int unit_row(const void *src, int is_double, Py_ssize_t dim, float *out, double min_norm, double *norm) {
+    if (is_double) {
+        const double *s = (const double *)src;
+        for (Py_ssize_t i = 0; i < dim; i++) out[i] = (float)s[i];
+    } else {
+        memcpy(out, src, (size_t)dim * 4);
+    }
+    *norm = sqrt(pairwise_sq(out, dim));
+    if (!(isfinite(*norm) && *norm > min_norm && *norm <= FLT_MAX)) return 0;
+    float f = (float)*norm;
+    for (Py_ssize_t i = 0; i < dim; i++) out[i] = out[i] / f;
+    return 1;
+}
+
 PyDoc_STRVAR(unit_into_doc,
 "unit_into(vector, out) -> float | None\n\n"
 "Write float32(vector) / float32(norm) into out[:len(vector)] and return the norm (float64, NumPy's\n"
@@ -116,33 +132,16 @@ static PyObject *unit_into(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PyObject *result = NULL;
-    float *out = (float *)dst.buf;
-    Py_ssize_t dim;
+    int is_double = is_format(&src, 'd');
+    Py_ssize_t dim = src.len / (is_double ? 8 : 4);
+    double norm;
     if (!is_format(&dst, 'f')) {
         PyErr_SetString(PyExc_TypeError, "unit_into: out must be float32");
         goto done;
     }
-    if (is_format(&src, 'f')) {
-        dim = src.len / 4;
-        if (dst.len < src.len) goto short_out;
-        memcpy(out, src.buf, (size_t)src.len);
-    } else if (is_format(&src, 'd')) {
-        dim = src.len / 8;
-        if (dst.len < dim * 4) goto short_out;
-        const double *s = (const double *)src.buf;
-        for (Py_ssize_t i = 0; i < dim; i++) out[i] = (float)s[i];
-    } else {
-        PyErr_SetString(PyExc_TypeError, "unit_into: vector must be float32 or float64");
-        goto done;
-    }
-    double norm = sqrt(pairwise_sq(out, dim));
-    if (isfinite(norm) && norm > 1e-12 && norm <= FLT_MAX) {
-        float f = (float)norm;
-        for (Py_ssize_t i = 0; i < dim; i++) out[i] = out[i] / f;
-        result = PyFloat_FromDouble(norm);
-    } else {
-        result = Py_NewRef(Py_None);
-    }
+    if (dst.len < dim * 4) goto short_out;
+    result = unit_row(src.buf, is_double, dim, (float *)dst.buf, 1e-12, &norm) ? PyFloat_FromDouble(norm)
+                                                                               : Py_NewRef(Py_None);
     goto done;
 short_out:
     PyErr_SetString(PyExc_ValueError, "unit_into: out is shorter than vector");
@@ -511,22 +510,11 @@ static PyObject *units_into(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_ssize_t width = dst.shape[1];
     double *norms = (double *)nb.buf;
     int ok = 1;
+    int is_double = is_format(&src, 'd');
     for (Py_ssize_t r = 0; r < n && ok; r++) {
         float *out = (float *)dst.buf + r * width;
-        if (is_format(&src, 'f')) {
-            memcpy(out, (const float *)src.buf + r * dim, (size_t)dim * 4);
-        } else {
-            const double *s = (const double *)src.buf + r * dim;
-            for (Py_ssize_t i = 0; i < dim; i++) out[i] = (float)s[i];
-        }
-        double norm = sqrt(pairwise_sq(out, dim));
-        norms[r] = norm;
-        ok = isfinite(norm) && norm > min_norm && norm <= FLT_MAX;
-        if (ok) {
-            float f = (float)norm;
-            for (Py_ssize_t i = 0; i < dim; i++) out[i] = out[i] / f;
-            memset(out + dim, 0, (size_t)(width - dim) * 4);
-        }
+        ok = unit_row((const char *)src.buf + r * dim * (is_double ? 8 : 4), is_double, dim, out, min_norm, &norms[r]);
+        if (ok) memset(out + dim, 0, (size_t)(width - dim) * 4);
     }
     result = Py_NewRef(ok ? Py_True : Py_False);
 done:
