@@ -658,7 +658,7 @@ class NormIndex(BlendIndexBase):
             if wide is not None:  # no equal scores to order: the hits straight from the kernel's answer
                 hits = hit_rows(wide[2], wide[1], k, self._weights.a, None, self._docs.hit_columns(), 2)
                 return hits if hits is not None else self._hits_batch(*self._lean_finish(wide, k))
-            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded, lean=False)  # tried above
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)  # the lean path was tried above
             return rows if isinstance(rows, list) else self._hits_batch(*rows)
 
     def search_arrays(
@@ -697,7 +697,7 @@ class NormIndex(BlendIndexBase):
                 labels, scores, w = self._lean_finish(wide, k)  # equal scores somewhere: ordered first
                 cosines = np.subtract(scores, w[0] * self._docs.g[labels], dtype=np.float64)
                 return HitArrays(self._docs.id_array()[labels].tolist(), scores, cosines)
-            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded, lean=False)  # tried above
+            rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)  # the lean path was tried above
             if isinstance(rows, list):  # multiplicative blends and empty filters: from their hits
                 return _arrays_from_hits(rows, k)
             labels, scores, w = rows
@@ -731,7 +731,7 @@ class NormIndex(BlendIndexBase):
 
     def _blended_rows(self, queries: list[Any], k: int, filter: MetadataFilter | None,
                       query_token_counts: Sequence[int | None] | None,
-                      encoded: Any, *, lean: bool = True) -> list[list[Hit]] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      encoded: Any) -> list[list[Hit]] | tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Under the lock: (internal ids, blended scores, query weights), or the hits themselves where the
         search is not one augmented FAISS search (bounded multiplicative blends, a filter matching nothing)."""
         if not self._docs:
@@ -740,10 +740,6 @@ class NormIndex(BlendIndexBase):
             raise InvalidArgumentError(
                 f"k of {k} is larger than the number of documents ({len(self)}); ask for k <= {len(self)}"
             )
-        if lean and filter is None and encoded[0] is None:
-            rows = self._lean_rows(queries, k, query_token_counts)
-            if rows is not None:
-                return rows
         unit, norms, counts = self._encode_queries(queries, query_token_counts, encoded)
         w = self._query_weights(norms, counts)
         allowed = self._allowed(filter)
@@ -757,25 +753,19 @@ class NormIndex(BlendIndexBase):
         ids, scores = _ties_by_id(ids, scores)
         return ids, scores, w
 
-    def _lean_rows(self, queries: Sequence[Any], k: int,
-                   query_token_counts: Sequence[int | None] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    def _lean_wide(self, queries: Sequence[Any], k: int,
+                   query_token_counts: Sequence[int | None] | None) -> tuple[np.ndarray, ...] | None:
         """:meth:`_blended_rows` for the common batch (raw vectors, no filter, no deletes pending, a flat
-        index, a fixed additive weight) in fewer NumPy calls; ``None`` for anything else.
+        index, a fixed additive weight) up to the kernel's answer, one score wider than ``k`` (while ``k``
+        is below the index's size) to see equal scores across the cut: (augmented queries, scores, internal
+        ids); ``None`` for anything else. A batch whose rows have no equal scores is then read as it is
+        (:func:`normrank.fastpath.hit_rows` and ``array_rows`` check that) and any other goes through
+        :meth:`_lean_finish`.
 
         Why: each NumPy call after a scan has left the caches cold costs several microseconds, and at
         10k documents the generic path's calls were most of what kept ``search_arrays`` below FAISS's BLAS
-        path (0.84 of it before, 0.95 after: benchmarks/results/speed.md). The same arithmetic: the unit
-        rows, the weight column and the kernel of the generic path.
-        """
-        wide = self._lean_wide(queries, k, query_token_counts)
-        return None if wide is None else self._lean_finish(wide, k)
-
-    def _lean_wide(self, queries: Sequence[Any], k: int,
-                   query_token_counts: Sequence[int | None] | None) -> tuple[np.ndarray, ...] | None:
-        """:meth:`_lean_rows` up to the kernel's answer, one score wider than ``k`` (while ``k`` is below
-        the index's size) to see equal scores across the cut: (augmented queries, scores, internal ids).
-        A batch whose rows have no equal scores is then read as it is (:func:`normrank.fastpath.hit_rows`
-        and ``array_rows`` check that) and any other goes through :meth:`_lean_finish`."""
+        path (benchmarks/results/speed.md). The same arithmetic: the unit rows, the weight column and the
+        kernel of the generic path."""
         wts = self._weights
         if (self.index_type != "flat" or wts.b != 0.0 or wts.mode != "additive" or self._tombstones
                 or self._index is None or not 0 < k <= len(self._docs)):
@@ -790,7 +780,7 @@ class NormIndex(BlendIndexBase):
         return qaug, scores, ids
 
     def _lean_finish(self, wide: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`_lean_rows`' answer from :meth:`_lean_wide`'s: ties across the cut and within rows
+        """:meth:`_blended_rows`' answer from :meth:`_lean_wide`'s: ties across the cut and within rows
         ordered as on every exact path."""
         qaug, scores, ids = wide
         scores, ids = _cut_between_ties(self._search_kernel, qaug, k, self._flat_calls[0], SGEMM_MIN_BATCH,

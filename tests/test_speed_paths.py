@@ -393,7 +393,7 @@ def test_a_bad_row_in_a_batch_of_arrays_gets_the_named_error(built, bad: str, er
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_a_query_matrix_equals_the_same_queries_as_a_list_of_rows(built, dtype) -> None:
     """A 2-D float matrix of queries is read in a few NumPy calls (``index_base._plain_batch``) and, for a
-    fixed additive weight on a flat index, searched without the generic path's steps (``_lean_rows``).
+    fixed additive weight on a flat index, searched without the generic path's steps (``_lean_wide``).
     Hits, values, token counts and errors must be those of the same queries given row by row, which
     the generic path reads; a filter that keeps everything forces the generic path."""
     index, _, _, _, queries = built
