@@ -19,7 +19,7 @@ import numpy as np
 
 from normrank._validation import FLOAT32_MAX
 from normrank.doc_columns import copy_metadata
-from normrank.scoring import Hit
+from normrank.scoring import HIT_FIELDS, Hit
 
 #: The C module's API_VERSION this file calls (normrank/_fastpath.c)
 API_VERSION = 2
@@ -43,10 +43,9 @@ try:
 except ImportError:  # not built here (no C compiler at install), or turned off
     _c = None
 
-_FIELDS = ("id", "score", "cosine", "norm", "norm_feature", "weight", "token_count", "text", "metadata")
 # setting a slot through its member descriptor: what a frozen dataclass's __init__ does through
 # object.__setattr__, without the attribute lookup per field
-_SETTERS = tuple(getattr(Hit, f).__set__ for f in _FIELDS)
+_SETTERS = tuple(getattr(Hit, f).__set__ for f in HIT_FIELDS)
 _new = object.__new__
 
 

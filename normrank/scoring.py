@@ -22,7 +22,7 @@ import contextvars
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -231,7 +231,7 @@ class Hit:
         return asdict(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in _HIT_FIELDS}
+        return {f: getattr(self, f) for f in HIT_FIELDS}
 
     def __setstate__(self, state: dict[str, Any] | Sequence[Any]) -> None:
         # a dict of fields (this normrank, and one from before the slots), or the list of values a slotted
@@ -239,19 +239,20 @@ class Hit:
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
             state = state[1]  # (None, slots) from object.__reduce_ex__ of a slotted class
         if isinstance(state, dict):
-            missing = [f for f in _HIT_FIELDS if f not in state]
+            missing = [f for f in HIT_FIELDS if f not in state]
             if missing:
                 raise TypeError(f"a pickled Hit without the fields {missing}")
-            values = [state[f] for f in _HIT_FIELDS]
-        elif isinstance(state, (list, tuple)) and len(state) == len(_HIT_FIELDS):
+            values = [state[f] for f in HIT_FIELDS]
+        elif isinstance(state, (list, tuple)) and len(state) == len(HIT_FIELDS):
             values = list(state)
         else:
             raise TypeError(f"cannot read a pickled Hit from a state of type {type(state).__name__}")
-        for f, v in zip(_HIT_FIELDS, values):
+        for f, v in zip(HIT_FIELDS, values):
             object.__setattr__(self, f, v)
 
 
-_HIT_FIELDS = ("id", "score", "cosine", "norm", "norm_feature", "weight", "token_count", "text", "metadata")
+#: Hit's fields in order: its pickled state, and the slots normrank.fastpath fills
+HIT_FIELDS = tuple(f.name for f in fields(Hit))
 
 
 class HitArrays(NamedTuple):
