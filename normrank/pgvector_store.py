@@ -277,6 +277,19 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(f"this PgVectorNormIndex on table {self.table} was closed; open a new one")
+
+    def _connection(self, level: Any) -> Any:
+        """This process's connection, at isolation ``level``; the caller holds the lock."""
+        # a handle made before fork: each process gets its own connection (they shared one)
+        if self._conn is None or self._conn.closed or self._pid != os.getpid():
+            self._reconnect()
+        if self._conn.isolation_level != level:
+            self._conn.isolation_level = level
+        return self._conn
+
     @contextlib.contextmanager
     def consistent_reads(self) -> Iterator[None]:
         """Every read of this handle inside the block (searches, ``vectors``, ``get``) sees one snapshot of
@@ -291,14 +304,9 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
             if self._reading is not None:
                 yield
                 return
-            if self._closed:
-                raise BackendError(f"this PgVectorNormIndex on table {self.table} was closed; open a new one")
+            self._check_open()
             try:
-                if self._conn is None or self._conn.closed or self._pid != os.getpid():
-                    self._reconnect()
-                conn = self._conn
-                if conn.isolation_level != psycopg.IsolationLevel.REPEATABLE_READ:
-                    conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn = self._connection(psycopg.IsolationLevel.REPEATABLE_READ)
                 with conn.transaction():
                     cur = conn.cursor()
                     self._sync(cur, force=False)
@@ -329,18 +337,12 @@ class PgVectorNormIndex(PgSearchMixin, PgWriteMixin, BlendIndexBase):
                     return body(self._reading)
                 except psycopg.Error as exc:
                     raise self._named_error(exc, False) from None
-            if self._closed:
-                raise BackendError(f"this PgVectorNormIndex on table {self.table} was closed; open a new one")
+            self._check_open()
             for attempt in (0, 1):
                 before = self._snapshot()
                 committing = False
                 try:
-                    # a handle made before fork: each process gets its own connection (they shared one)
-                    if self._conn is None or self._conn.closed or self._pid != os.getpid():
-                        self._reconnect()
-                    conn = self._conn
-                    if conn.isolation_level != level:
-                        conn.isolation_level = level
+                    conn = self._connection(level)
                     with conn.transaction():
                         cur = conn.cursor()
                         if write:
