@@ -553,9 +553,8 @@ def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | No
     if token_counts is not None and not (len(token_counts) == n and all(type(c) is int for c in token_counts)
                                          and 1 <= min(token_counts) and max(token_counts) <= MAX_TOKEN_COUNT):
         return None  # named by _given_count on the checked path
-    from normrank.fastpath import (
-        units_into,  # here: fastpath imports doc_columns, which imports this module
-    )
+    # imported here: fastpath imports doc_columns, which imports this module
+    from normrank.fastpath import units_into
 
     out, norms = np.empty((n, dim if width is None else width), dtype=np.float32), np.empty(n)
     if not units_into(mat, out, norms, 1e-6):  # NaN, infinity or a near-zero row: refused
