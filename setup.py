@@ -9,7 +9,8 @@ setup(
     ext_modules=[
         Extension(
             "normrank._fastpath",
-            ["normrank/_fastpath.c"],
+            ["normrank/_fastpath.c", "normrank/_scan_topk.c"],
+            depends=["normrank/_scan_topk.h"],
             # no fused multiply-add: the C arithmetic must round as NumPy's does
             extra_compile_args=["-O2", "-ffp-contract=off"],
             optional=True,

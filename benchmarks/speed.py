@@ -738,7 +738,8 @@ def markdown(res: dict[str, Any]) -> str:
          f"FAISS {meta['faiss']} with {meta['faiss_threads']} OpenMP threads; "
          f"`faiss.cvar.distance_compute_blas_threshold` = {meta['blas_threshold']} (default) unless a row says "
          "otherwise; batches of 64 are below it, so FAISS uses its non-BLAS kernel there.",
-         *(["normrank's C hot path (`normrank._fastpath`: the query's unit vector and the `Hit` objects) "
+         *(["normrank's C hot path (`normrank._fastpath`: the query's unit vector, the `Hit` objects, and a flat "
+            "batch's augmented queries, scan and top-k heaps) "
             + ("was built and used." if meta["fastpath"] else "was not built here: its Python fallback ran.")]
            if "fastpath" in meta else []),
          f"Command: `{_command(meta)}`; {meta['reps']} interleaved "
@@ -808,10 +809,13 @@ def markdown(res: dict[str, Any]) -> str:
           "Kernels: `batch64` rows run FAISS with its default `distance_compute_blas_threshold` (128000: no BLAS "
           "for 64 queries), `batch64 blas` rows lower it to 32 so FAISS's bundled OpenBLAS sgemm scores the "
           "batch; normrank scores flat batches of >= `SGEMM_MIN_BATCH` (8) queries with the same bundled "
-          "OpenBLAS `cblas_sgemm` (`normrank.faiss_blas`) over blocks of the stored augmented vectors plus "
-          "FAISS's top-k heaps, in blocks of 1024 stored vectors on 1 thread (FAISS's own block) and, with more "
-          "threads, blocks big enough that FAISS's heaps run on all of them; single queries use FAISS's "
-          "per-query kernel. `search_arrays` is the same search returning ids, scores and cosines as arrays "
+          "OpenBLAS `cblas_sgemm` (`normrank.faiss_blas`) over blocks of the stored augmented vectors, in blocks "
+          "of 1024 stored vectors on 1 thread (FAISS's own block) and 4096 with more threads; "
+          + ("the top 10 are kept by normrank's C heaps (`normrank._fastpath.scan_topk`: FAISS's heap order, "
+             "losing scores skipped 16 at a time), and a batch of raw vectors is made into augmented queries "
+             "and scanned in one C call (`lean_batch`); " if fastpath.lean_batch is not None
+             else "the top 10 are kept by FAISS's own heaps (normrank's C module was not built here); ")
+          + "single queries use FAISS's per-query kernel. `search_arrays` is the same search returning ids, scores and cosines as arrays "
           "(like FAISS) instead of `Hit` objects; in `single` rows it gets each query as FAISS does, a one-row "
           "matrix, and takes the same single-vector path as `NormIndex.search`. In the per-step table the rest is found by subtraction, so a "
           "negative value means the separately timed scan was slower than the scan inside the search: noise. `N thr` limits FAISS's OpenMP and both OpenBLAS pools (threadpoolctl). "

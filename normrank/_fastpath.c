@@ -18,6 +18,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_scan_topk.h"
+
 #define N_FIELDS 9
 /* Hit's slots in this order; their offsets are read from its member descriptors by register_hit */
 static const char *FIELD_NAMES[N_FIELDS] = {"id", "score", "cosine", "norm", "norm_feature", "weight",
@@ -524,12 +526,115 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(lean_batch_doc,
+"lean_batch(queries, counts, max_count, dim, min_norm, column, sgemm, vectors, step, qaug, out_scores,\n"
+"out_positions) -> bool\n\n"
+"The batch search of raw query vectors in one call: qaug (float32 (n, width)) gets each query's unit row\n"
+"(as units_into), then the float32 of column after it and zeros, and out_scores / out_positions (float32 /\n"
+"int64 (n, k)) its exact top-k over vectors (as scan_topk, the first dim + 1 columns, step vectors per\n"
+"sgemm). False, with nothing scanned, when queries is not a C-contiguous float32 or float64 (n >= 1, dim)\n"
+"matrix, counts is neither None nor a list or tuple of n ints in [1, max_count], or a row's norm is not\n"
+"finite, at most min_norm or beyond float32: the caller's general path then reads or refuses them.");
+
+static int plain_counts(PyObject *counts, Py_ssize_t n, long max_count) {
+    if (counts == Py_None) return 1;
+    if (!PyList_CheckExact(counts) && !PyTuple_CheckExact(counts)) return 0;
+    if (PySequence_Fast_GET_SIZE(counts) != n) return 0;
+    PyObject **items = PySequence_Fast_ITEMS(counts);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_CheckExact(items[i])) return 0;  /* type(c) is int: not a bool, not a NumPy integer */
+        int overflow;
+        long c = PyLong_AsLongAndOverflow(items[i], &overflow);
+        if (overflow || c < 1 || c > max_count) return 0;
+    }
+    return 1;
+}
+
+static PyObject *lean_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 12) {
+        PyErr_SetString(PyExc_TypeError, "lean_batch takes 12 arguments");
+        return NULL;
+    }
+    long max_count = PyLong_AsLong(args[2]);
+    Py_ssize_t dim = PyLong_AsSsize_t(args[3]), step = PyLong_AsSsize_t(args[8]);
+    double min_norm = PyFloat_AsDouble(args[4]), column = PyFloat_AsDouble(args[5]);
+    void *fn = PyLong_AsVoidPtr(args[6]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer src;
+    if (PyObject_GetBuffer(args[0], &src, PyBUF_STRIDES | PyBUF_FORMAT) < 0) {  /* a list of rows, say */
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int is_double = is_format(&src, 'd');
+    if (src.ndim != 2 || !PyBuffer_IsContiguous(&src, 'C') || !(is_double || is_format(&src, 'f'))
+        || src.shape[1] != dim || src.shape[0] < 1 || !plain_counts(args[1], src.shape[0], max_count)) {
+        PyBuffer_Release(&src);
+        Py_RETURN_FALSE;
+    }
+    Py_buffer xb, qa, vs, ps;
+    if (scan_buffer(args[7], &xb, 0, 'f', 4, "lean_batch", "vectors") < 0) {
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    if (scan_buffer(args[9], &qa, 1, 'f', 4, "lean_batch", "qaug") < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&xb);
+        return NULL;
+    }
+    if (scan_buffer(args[10], &vs, 1, 'f', 4, "lean_batch", "out_scores") < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&qa);
+        return NULL;
+    }
+    if (scan_buffer(args[11], &ps, 1, 'q', 8, "lean_batch", "out_positions") < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&xb);
+        PyBuffer_Release(&qa);
+        PyBuffer_Release(&vs);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = src.shape[0], width = qa.ndim == 2 ? qa.shape[1] : -1, k = vs.ndim == 2 ? vs.shape[1] : -1;
+    if (fn == NULL || qa.ndim != 2 || qa.shape[0] != n || width < dim + 1 || xb.ndim != 2 || xb.shape[1] != width
+        || vs.ndim != 2 || vs.shape[0] != n || k < 1 || ps.ndim != 2 || ps.shape[0] != n || ps.shape[1] != k
+        || step < 1 || n > INT32_MAX || step > INT32_MAX || xb.shape[0] > INT32_MAX || width > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "lean_batch: qaug (n, width > dim), vectors (m, width), out_scores and "
+                                          "out_positions (n, k >= 1), step >= 1");
+        goto done;
+    }
+    for (Py_ssize_t r = 0; r < n; r++) {
+        float *out = (float *)qa.buf + r * width;
+        double norm;
+        if (!unit_row((const char *)src.buf + r * dim * (is_double ? 8 : 4), is_double, dim, out, min_norm, &norm)) {
+            result = Py_NewRef(Py_False);
+            goto done;
+        }
+        out[dim] = (float)column;  /* float64 to float32, rounded to nearest as NumPy's assignment does */
+        memset(out + dim + 1, 0, (size_t)(width - dim - 1) * 4);
+    }
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = scan_blocks(fn, qa.buf, n, width, xb.buf, xb.shape[0], dim + 1, step, k, vs.buf, ps.buf);
+    Py_END_ALLOW_THREADS
+    result = ok ? Py_NewRef(Py_True) : PyErr_NoMemory();
+done:
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&qa);
+    PyBuffer_Release(&vs);
+    PyBuffer_Release(&ps);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"unit_into", (PyCFunction)(void (*)(void))unit_into, METH_FASTCALL, unit_into_doc},
     {"units_into", (PyCFunction)(void (*)(void))units_into, METH_FASTCALL, units_into_doc},
     {"register_hit", register_hit, METH_VARARGS, register_hit_doc},
     {"hit_rows", (PyCFunction)(void (*)(void))hit_rows, METH_FASTCALL, hit_rows_doc},
     {"array_rows", (PyCFunction)(void (*)(void))array_rows, METH_FASTCALL, array_rows_doc},
+    {"scan_topk", (PyCFunction)(void (*)(void))scan_topk, METH_FASTCALL, SCAN_TOPK_DOC},
+    {"lean_batch", (PyCFunction)(void (*)(void))lean_batch, METH_FASTCALL, lean_batch_doc},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "normrank._fastpath",
@@ -538,7 +643,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "normrank._fastpath",
 
 /* What normrank/fastpath.py expects; raise it with any change of a function's arguments or results, so
    that a module built from older sources (an editable install not rebuilt) is left unused. */
-#define API_VERSION 2
+#define API_VERSION 3
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     PyObject *m = PyModule_Create(&module);

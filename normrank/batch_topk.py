@@ -16,7 +16,8 @@ from typing import Any, TypeVar
 import faiss
 import numpy as np
 
-from normrank import faiss_blas
+from normrank import faiss_blas, fastpath
+from normrank._validation import MAX_TOKEN_COUNT
 
 T = TypeVar("T")
 
@@ -34,26 +35,39 @@ SGEMM_ROWS = 1024
 _HEAPS_PARALLEL_FROM = 100_000
 
 
-def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None,
+               vectors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact inner-product top-``k`` of a batch over a FAISS flat index's stored vectors, by positions.
 
     ``width`` leaves out trailing columns that are zero in the queries (the padding): they add
     nothing to any score, and the product's work grows with the columns it multiplies (385 against
     392 is 2% less, which is what separated it from FAISS's 384-wide BLAS kernel at 10k documents).
+    ``vectors`` is :func:`stored_vectors` of ``flat``, if the caller keeps it (reading it costs several
+    SWIG calls per search).
 
     What FAISS's BLAS path does, without its process-wide switch: the stored vectors are streamed
-    once in blocks of rows, one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
-    :mod:`normrank.faiss_blas`), and FAISS's own top-k heaps keep the best (``argpartition`` was 40x
-    slower than the heaps at 64 x 10k scores; looping over query blocks re-read 1M vectors per block).
+    once in blocks of rows and one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
+    :mod:`normrank.faiss_blas`). The top ``k`` are kept by the C heaps of
+    :func:`normrank.fastpath.scan_topk` where it was built (FAISS's heaps, faster: 1.12-1.23x FAISS's
+    whole BLAS path at 10k-100k documents, benchmarks/results/speed.md), else by FAISS's own heaps
+    (``argpartition`` was 40x slower than them at 64 x 10k scores; looping over query blocks re-read 1M
+    vectors per block). Both give FAISS's scores and order.
     """
-    n, d = flat.ntotal, flat.d
-    xb = faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)  # a view: no copy of the vectors
+    xb = stored_vectors(flat) if vectors is None else vectors
+    n, d = xb.shape
     bundled = faiss_blas.sgemm()
-    product = bundled or faiss_blas.numpy_sgemm
     threads = faiss.omp_get_max_threads()
     nq = q.shape[0]
     out_s = np.empty((nq, k), dtype=np.float32)
     out_p = np.empty((nq, k), dtype=np.int64)
+    if bundled is not None and fastpath.scan_topk is not None:  # the block loop in C, without the GIL
+        w = d if width is None else width
+        for a in range(0, nq, SGEMM_QUERY_BLOCK):
+            qb = np.ascontiguousarray(q if nq <= SGEMM_QUERY_BLOCK else q[a:a + SGEMM_QUERY_BLOCK], dtype=np.float32)
+            fastpath.scan_topk(bundled.address, qb, xb, w, block_rows(qb.shape[0], threads, fast_heaps=True),  # type: ignore[attr-defined]
+                               out_s[a:a + SGEMM_QUERY_BLOCK], out_p[a:a + SGEMM_QUERY_BLOCK])
+        return out_s, out_p
+    product = bundled or faiss_blas.numpy_sgemm
     for a in range(0, nq, SGEMM_QUERY_BLOCK):
         qb = np.ascontiguousarray(q[a:a + SGEMM_QUERY_BLOCK], dtype=np.float32)
         rows = qb.shape[0]
@@ -85,13 +99,52 @@ def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None) -> tu
     return out_s, out_p
 
 
-def block_rows(queries: int, threads: int) -> int:
+def raw_batch_topk(queries: Any, counts: Any, dim: int, column: float, vectors: np.ndarray | None,
+                   k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The augmented queries of a batch of raw query vectors (unit rows, then ``column``, then zeros) and
+    their exact top-``k`` over ``vectors`` (:func:`stored_vectors` of a flat index): ``(qaug, scores,
+    positions)``, the values :func:`sgemm_topk` gives for that ``qaug``, in one C call
+    (:func:`normrank.fastpath.lean_batch`). ``None`` without the C module or the bundled sgemm, and for any
+    other batch than a float matrix of ``SGEMM_MIN_BATCH`` to ``SGEMM_QUERY_BLOCK`` rows of width ``dim``
+    with norms a search accepts and ``counts`` ``None`` or whole numbers (a list or tuple): the caller's
+    general path then reads it, or names what is wrong.
+
+    Why one call: the caches are cold when a batch arrives (a service's other work, or the benchmark's
+    buffer written between turns), and there each Python and NumPy step of the general path (checking the
+    counts, the unit rows, the weight column, then the scan's own setup) cost 10-40 us: ~0.2 ms of a
+    64-query batch over 10k documents on 2 threads (benchmarks/results/speed.md)."""
+    bundled = faiss_blas.sgemm()
+    if (fastpath.lean_batch is None or bundled is None or vectors is None or not isinstance(queries, np.ndarray)
+            or queries.ndim != 2 or not SGEMM_MIN_BATCH <= queries.shape[0] <= SGEMM_QUERY_BLOCK):
+        return None
+    n = queries.shape[0]
+    qaug = np.empty((n, vectors.shape[1]), dtype=np.float32)
+    scores, positions = np.empty((n, k), dtype=np.float32), np.empty((n, k), dtype=np.int64)
+    step = block_rows(n, faiss.omp_get_max_threads(), fast_heaps=True)
+    if not fastpath.lean_batch(queries, counts, MAX_TOKEN_COUNT, dim, 1e-6, column, bundled.address,  # type: ignore[attr-defined]
+                               vectors, step, qaug, scores, positions):
+        return None
+    return qaug, scores, positions
+
+
+def stored_vectors(flat: Any) -> np.ndarray:
+    """A FAISS flat index's stored vectors as an ``(n, d)`` float32 view (no copy); valid until the
+    index changes."""
+    n, d = flat.ntotal, flat.d
+    return faiss.rev_swig_ptr(flat.get_xb(), n * d).reshape(n, d)
+
+
+def block_rows(queries: int, threads: int, fast_heaps: bool = False) -> int:
     """Stored vectors per sgemm block, chosen by batch size and thread count: FAISS's 1024 on one
     thread; with more, enough that FAISS's heaps spread over the threads (at 100k documents and 2
     threads, 64 queries: 0.97 of FAISS's BLAS path against 0.88 with 1024); at most ``SGEMM_BLOCK``
-    scores per block."""
+    scores per block. ``fast_heaps``: normrank's C heaps (:func:`normrank.fastpath.scan_topk`), which
+    run on the calling thread; with more threads than one they keep 4096 (64 queries, 2 threads: 1.15x and
+    1.21x FAISS's BLAS path at 10k and 100k documents against 1.12x and 1.15x with 1024)."""
     step = SGEMM_ROWS
-    if threads > 1:
+    if threads > 1 and fast_heaps:
+        step = 4 * SGEMM_ROWS
+    elif threads > 1:
         step = max(step, min(4 * SGEMM_ROWS, -(-(_HEAPS_PARALLEL_FROM + 1) // queries // 256) * 256 + 256))
     return max(256, min(step, SGEMM_BLOCK // queries))
 

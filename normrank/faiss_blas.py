@@ -56,6 +56,8 @@ def _load() -> Callable[..., None] | None:
         fn(_ROW_MAJOR, _NO_TRANS, _TRANS, r, m, width, 1.0, a, lda, b, ldb, 0.0, out, m)
 
     sgemm.by_address = by_address  # type: ignore[attr-defined]
+    # for C code that calls it itself (normrank._fastpath.scan_topk)
+    sgemm.address = ctypes.cast(fn, ctypes.c_void_p).value  # type: ignore[attr-defined]
 
     # Check once against NumPy on a small product before trusting it.
     rng = np.random.default_rng(0)

@@ -22,7 +22,7 @@ from normrank.doc_columns import copy_metadata
 from normrank.scoring import HIT_FIELDS, Hit
 
 #: The C module's API_VERSION this file calls (normrank/_fastpath.c)
-API_VERSION = 2
+API_VERSION = 3
 
 _c: Any
 try:
@@ -165,6 +165,12 @@ def _array_rows(rows: Any, scores: Any, k: int, w: float | np.ndarray, labels: A
 
 #: :func:`_array_rows`, in C where it was built
 array_rows: Any = _c.array_rows if _c is not None else _array_rows
+
+#: ``scan_topk(sgemm_address, queries, vectors, width, step, out_scores, out_positions)`` in C where it was
+#: built, else ``None`` (normrank.batch_topk then uses FAISS's heaps: the same result)
+scan_topk: Any = _c.scan_topk if _c is not None else None
+#: ``lean_batch(...)`` in C where it was built, else ``None`` (see :func:`normrank.batch_topk.raw_batch_topk`)
+lean_batch: Any = _c.lean_batch if _c is not None else None
 
 
 def build_hits(rows: list[int], scores: list[float], cosines: list[float], g: list[float], norms: list[float],

@@ -49,7 +49,7 @@ from normrank._validation import (
     check_adapter_state,
     check_option,
 )
-from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, sgemm_topk
+from normrank.batch_topk import SGEMM_MIN_BATCH, at_most_threads, raw_batch_topk, sgemm_topk, stored_vectors
 from normrank.calibration import FEATURES, NormCalibrator
 from normrank.candidate_set import CandidateSet
 from normrank.doc_columns import COLUMN_FILES, DocColumns
@@ -238,6 +238,7 @@ class NormIndex(BlendIndexBase):
         self._positions_are_ids = False  # FAISS positions equal internal ids: no mapping (see _flat_parts)
         self._labels_view: memoryview | None = None  # _labels read without NumPy (see _additive_hits)
         self._flat_calls: tuple[int, int, Any] = (0, 0, None)  # set with _labels (see _flat_parts)
+        self._flat_vectors: np.ndarray | None = None  # a flat index's stored vectors, set with _labels
         self._origin: tuple[str, str] | None = None  # (folder, version) loaded from or last saved: save(if_unchanged)
         #: Small JSON state a framework adapter keeps with the index, saved and loaded with it (the LlamaIndex
         #: store's deleted reference-node ids, which LlamaIndex keeps naming after the delete).
@@ -770,13 +771,17 @@ class NormIndex(BlendIndexBase):
         if (self.index_type != "flat" or wts.b != 0.0 or wts.mode != "additive" or self._tombstones
                 or self._index is None or not 0 < k <= len(self._docs)):
             return None  # including an empty index and a k above its size, which the generic path names
-        inner, _ = self._flat_parts()
+        inner, labels = self._flat_parts()
+        column, wide = wts.a / self._column_scale, k + 1 if k < self._flat_calls[0] else k
+        scanned = raw_batch_topk(queries, query_token_counts, self._dim, column, self._flat_vectors, wide)
+        if scanned is not None:  # the steps below in one C call
+            return scanned[0], scanned[1], self._ids_at(scanned[2], labels)
         plain = _plain_batch(queries, query_token_counts, self._dim, inner.d)
         if plain is None:
             return None
         qaug = plain[0]
-        qaug[:, self._dim] = wts.a / self._column_scale  # float64 division, then float32: as _augment does
-        scores, ids = self._search_kernel(qaug, k + 1 if k < self._flat_calls[0] else k)
+        qaug[:, self._dim] = column  # float64 division, then float32: as _augment does
+        scores, ids = self._search_kernel(qaug, wide)
         return qaug, scores, ids
 
     def _lean_finish(self, wide: tuple[np.ndarray, ...], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -936,7 +941,8 @@ class NormIndex(BlendIndexBase):
         """
         inner, labels = self._flat_parts()
         if self.index_type == "flat" and qaug.shape[0] >= SGEMM_MIN_BATCH:
-            scores, pos = sgemm_topk(inner, qaug, k, self._dim + 1)  # the padding is zero in every query
+            # the padding is zero in every query
+            scores, pos = sgemm_topk(inner, qaug, k, self._dim + 1, vectors=self._flat_vectors)
         elif self.index_type == "flat":  # one thread per query at most (at_most_threads)
             scores, pos = at_most_threads(qaug.shape[0], inner.search, qaug, k)
         else:
@@ -958,6 +964,7 @@ class NormIndex(BlendIndexBase):
             # what a single search reads of the inner index: SWIG attribute reads cost microseconds each
             # on the caches a scan has just emptied
             self._flat_calls = (int(self._inner.ntotal), int(self._inner.d), self._inner.search_c)
+            self._flat_vectors = stored_vectors(self._inner) if self.index_type == "flat" else None
             # true until a compaction or a rebuild after deletes: then searches skip the mapping
             self._positions_are_ids = bool(np.array_equal(self._labels, np.arange(self._labels.size)))
         return self._inner, self._labels

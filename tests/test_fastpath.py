@@ -38,6 +38,8 @@ def pure_python(monkeypatch):
             monkeypatch.setattr(store_mod, "hit_rows", fastpath._hit_rows)
             monkeypatch.setattr(store_mod, "array_rows", fastpath._array_rows)
             monkeypatch.setattr(fastpath, "units_into", fastpath._units_into)
+            monkeypatch.setattr(fastpath, "scan_topk", None)  # FAISS's heaps
+            monkeypatch.setattr(fastpath, "lean_batch", None)
 
         def __exit__(self, *exc):
             monkeypatch.undo()
@@ -61,6 +63,10 @@ def _searches(index: NormIndex, queries: np.ndarray) -> list:
     out = [index.search(q, 10) for q in queries]  # the single-vector path
     out += index.search_batch(list(queries[:4]), 10)  # a small batch: FAISS's kernel
     out += index.search_batch(list(queries), 7)  # an sgemm batch
+    out += index.search_batch(queries, 7)  # a matrix: one C call for the unit rows and the scan
+    out += index.search_batch(queries.astype(np.float64), 4, query_token_counts=[5] * len(queries))
+    got = index.search_arrays(queries, 5)
+    out.append([got.ids, got.scores.tolist(), got.cosines.tolist()])
     out += [index.search(q.astype(np.float64), 3) for q in queries[:3]]  # float64 queries
     out += [index.search(np.asfortranarray(np.stack([q, q]))[0], 5) for q in queries[:3]]  # a strided vector
     out += [index.search(q.astype(np.float16), 4) for q in queries[:2]]  # a dtype the C code does not read
@@ -315,3 +321,172 @@ def test_a_stale_build_is_left_unused_with_a_warning():
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def _faiss_heaps_topk(flat, q: np.ndarray, k: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    from normrank import batch_topk
+
+    saved, fastpath.scan_topk = fastpath.scan_topk, None
+    try:
+        return batch_topk.sgemm_topk(flat, q, k, width)
+    finally:
+        fastpath.scan_topk = saved
+
+
+@needs_c
+def test_the_c_heaps_keep_faiss_heaps_answer_to_the_last_bit():
+    """scan_topk's heaps skip losing scores 16 at a time; what they keep, and in which order, must be what
+    FAISS's heaps keep: equal scores (whole-number vectors tie often), NaN rows, zero rows, k above the
+    number of vectors, any block size and any width."""
+    import faiss
+
+    from normrank import faiss_blas
+    from normrank.batch_topk import stored_vectors
+
+    sgemm = faiss_blas.sgemm()
+    if sgemm is None:
+        pytest.skip("no bundled OpenBLAS in this faiss build")
+    rng = np.random.default_rng(11)
+    for trial in range(120):
+        n, d, rows, k = int(rng.integers(1, 2500)), int(rng.integers(1, 33)), int(rng.integers(1, 40)), int(rng.integers(1, 25))
+        xb = rng.normal(size=(n, d)).astype(np.float32)
+        q = rng.normal(size=(rows, d)).astype(np.float32)
+        if trial % 2:  # whole numbers: many equal scores
+            xb, q = np.round(xb).astype(np.float32), np.round(q).astype(np.float32)
+        if trial % 5 == 0:
+            xb[rng.integers(0, n, 3)] = np.nan
+            xb[rng.integers(0, n, 3)] = 0.0
+        width, step = int(rng.integers(1, d + 1)), int(rng.integers(1, 3000))
+        flat = faiss.IndexFlatIP(d)
+        flat.add(xb)
+        want_s, want_p = _faiss_heaps_topk(flat, q, k, width)
+        got_s, got_p = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64)
+        fastpath.scan_topk(sgemm.address, q, stored_vectors(flat), width, step, got_s, got_p)
+        assert np.array_equal(got_p, want_p), trial
+        assert np.array_equal(got_s, want_s, equal_nan=True), trial
+        assert min(k, n) == 0 or (got_p[:, :min(k, n)] >= 0).all() or np.isnan(xb).any()
+
+
+@needs_c
+def test_one_call_batch_matches_the_steps_it_replaces():
+    """lean_batch writes the augmented queries and scans them in one call: the same float32 rows as
+    _plain_batch plus the weight column, and the same scores and positions as sgemm_topk over them."""
+    from normrank import batch_topk
+    from normrank.index_base import _plain_batch
+
+    index = _build(n=900)
+    inner, _ = index._flat_parts()
+    queries, _ = _corpus(40, seed=12)
+    for q in (queries, queries.astype(np.float64)):
+        found = batch_topk.raw_batch_topk(q, [3] * len(q), DIM, 0.625, index._flat_vectors, 11)
+        assert found is not None
+        qaug, scores, pos = found
+        want = _plain_batch(q, None, DIM, inner.d)[0]
+        want[:, DIM] = 0.625
+        assert np.array_equal(qaug, want)
+        want_s, want_p = batch_topk.sgemm_topk(inner, want, 11, DIM + 1)
+        assert np.array_equal(scores, want_s) and np.array_equal(pos, want_p)
+
+
+@needs_c
+@pytest.mark.parametrize("case", ["bool count", "numpy count", "zero count", "count too big", "counts short",
+                                  "nan row", "zero row", "fortran", "rows of a list", "too few rows",
+                                  "other width"])
+def test_one_call_batch_leaves_other_batches_to_the_general_path(case, pure_python):
+    """Anything but a plain float matrix with plain counts goes to the general path, which reads it or names
+    what is wrong, exactly as without the C module."""
+    from normrank import batch_topk
+    from normrank.errors import NormRankError
+
+    index = _build(n=300)
+    queries, _ = _corpus(20, seed=13)
+    counts: list = [4] * 20
+    q: object = queries.copy()
+    if case == "bool count":
+        counts[3] = True
+    elif case == "numpy count":
+        counts[3] = np.int64(4)
+    elif case == "zero count":
+        counts[3] = 0
+    elif case == "count too big":
+        counts[3] = 2**31
+    elif case == "counts short":
+        counts = counts[:-1]
+    elif case == "nan row":
+        queries[2, 5] = np.nan
+        q = queries
+    elif case == "zero row":
+        queries[2] = 0.0
+        q = queries
+    elif case == "fortran":
+        q = np.asfortranarray(queries)
+    elif case == "rows of a list":
+        q = list(queries)
+    elif case == "too few rows":
+        q = queries[: batch_topk.SGEMM_MIN_BATCH - 1]
+        counts = counts[: batch_topk.SGEMM_MIN_BATCH - 1]
+    elif case == "other width":
+        q = queries[:, :-1]
+    assert batch_topk.raw_batch_topk(q, counts, DIM, 0.5, index._flat_vectors, 5) is None
+
+    def answer():
+        try:
+            return _fields(index.search_batch(q, 5, query_token_counts=counts))
+        except NormRankError as exc:
+            return type(exc).__name__, str(exc)
+
+    fast = answer()
+    with pure_python:
+        slow = answer()
+    assert fast == slow
+
+
+@needs_c
+def test_the_c_scan_checks_what_it_is_given():
+    import faiss
+
+    from normrank import faiss_blas
+
+    sgemm = faiss_blas.sgemm()
+    if sgemm is None:
+        pytest.skip("no bundled OpenBLAS in this faiss build")
+    q, xb = np.ones((3, 4), np.float32), np.ones((10, 4), np.float32)
+    s, p = np.empty((3, 2), np.float32), np.empty((3, 2), np.int64)
+    with pytest.raises(TypeError, match="queries has the wrong type"):
+        fastpath.scan_topk(sgemm.address, q.astype(np.float64), xb, 4, 8, s, p)
+    with pytest.raises(TypeError, match="out_positions has the wrong type"):
+        fastpath.scan_topk(sgemm.address, q, xb, 4, 8, s, p.astype(np.int32))
+    with pytest.raises(ValueError, match="width"):
+        fastpath.scan_topk(sgemm.address, q, xb, 5, 8, s, p)
+    with pytest.raises(ValueError):
+        fastpath.scan_topk(sgemm.address, q, np.ones((10, 3), np.float32), 3, 8, s, p)
+    with pytest.raises(ValueError):
+        fastpath.scan_topk(0, q, xb, 4, 8, s, p)
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        fastpath.scan_topk(sgemm.address, q, xb, 4, 8, s, np.empty((3, 2), np.int64)[:, ::-1])
+    fastpath.scan_topk(sgemm.address, q, xb, 4, 8, s, p)
+    flat = faiss.IndexFlatIP(4)
+    flat.add(xb)
+    want_s, want_p = _faiss_heaps_topk(flat, q, 2, 4)  # ten equal scores: the first two seen, as FAISS keeps them
+    assert s.tolist() == want_s.tolist() == [[4.0, 4.0]] * 3 and p.tolist() == want_p.tolist()
+    assert sorted(p[0].tolist()) == [0, 1]
+
+
+def test_batches_searched_from_many_threads_get_the_single_threaded_answer():
+    """The batch scan runs without the GIL: threads searching one index at once must each get what a lone
+    search gets."""
+    import concurrent.futures
+
+    index = _build(n=2000)
+    queries, _ = _corpus(64, seed=14)
+    want = _fields(index.search_batch(queries, 10))
+    want_arrays = index.search_arrays(queries, 10)
+
+    def one(i: int):
+        if i % 2:
+            got = index.search_arrays(queries, 10)
+            return got.ids == want_arrays.ids and np.array_equal(got.scores, want_arrays.scores)
+        return _fields(index.search_batch(queries, 10)) == want
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(one, range(40)))

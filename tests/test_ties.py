@@ -144,7 +144,18 @@ def test_only_the_rows_with_a_tie_at_the_cut_are_searched_again_with_the_batch_k
         rows_searched.append(qaug.shape[0])
         return real(self, qaug, k)
 
+    import normrank.store as store_module
+
+    real_raw = store_module.raw_batch_topk
+
+    def spy_raw(queries, *args):  # the first scan of a raw batch: one C call, where it was built
+        found = real_raw(queries, *args)
+        if found is not None:
+            rows_searched.append(found[0].shape[0])
+        return found
+
     monkeypatch.setattr(NormIndex, "_search_kernel", spy)
+    monkeypatch.setattr(store_module, "raw_batch_topk", spy_raw)
     for k in (2, 3):
         rows_searched.clear()
         got = index.search_arrays(batch, k)
