@@ -839,7 +839,7 @@ def markdown(res: dict[str, Any]) -> str:
           "(see the ranges), and the FAISS twin column gives, cell by cell, the ratio between two identical FAISS "
           "indexes at different addresses, timed the same way: a normrank ratio that far from 1 is within what "
           "the measurement resolves. For single queries on 1 thread both sides run the same FAISS kernel (normrank over "
-          "392 columns instead of 384, plus Python work per call), so a ratio above 1 there means the difference "
+          f"{-(-385 // meta['pads'][0]) * meta['pads'][0]} columns instead of 384, plus Python work per call), so a ratio above 1 there means the difference "
           "is within the noise; batches run different kernels. Read the 1-thread rows: at 100k and 1M documents the scan "
           "is bound by memory, dominates, and the blend costs little. " + scan_words + "The extra columns cost "
           "little there (the per-step table's two scans; on the AMD EPYC machine of runs A-F a side measurement "
@@ -986,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hnsw-max", type=int, default=100_000,
                     help="build HNSW only up to this size (0: no HNSW section, real vectors included)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--pads", type=int, nargs="*", default=[8, 1])
+    ap.add_argument("--pads", type=int, nargs="*", default=[1, 8])
     ap.add_argument("--omp-threads", type=int, nargs="*", default=None,
                     help="FAISS OpenMP thread counts to measure (default: FAISS's default, then 1)")
     ap.add_argument("--encoder-texts", type=int, default=256, help="0 skips the encoder section")

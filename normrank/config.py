@@ -134,8 +134,8 @@ class StoreConfig(_Section):
                        description="pgvector: the documents' table; {table}_normrank holds the calibration.")
     path: str | None = Field(None, description="Folder of a saved index to load (or to save to).")
     pad_to: int | None = Field(None, ge=1, description="Pad the augmented width to a multiple of this; "
-                               "null picks it by index type (flat and ivf 8: 392 columns, faster to scan "
-                               "than 385; hnsw 1: fewer cache lines per vector fetched by the walk).")
+                               "null picks it by index type (1 for each: 385 columns, the fewest bytes "
+                               "a scan or a walk reads).")
     hnsw_m: int = Field(32, gt=0)
     ef_construction: int = Field(200, gt=0)
     ef_search: int = Field(128, gt=0)

@@ -2,9 +2,7 @@
 
 Each document is stored as the augmented vector ``[d_hat, c(d), 0...]`` where ``c`` is
 the mode's norm column (``g(d)`` for the additive blend), zero-padded to a multiple
-of ``pad_to`` (by default 8 for flat and IVF indexes: 392 columns scan as fast as 384 once the scan is
-bound by memory, from 100k documents, and faster than 385 below that; 1 for HNSW, whose walk reads
-vectors one by one: 385 columns span as many cache lines as FAISS's 384, 392 about 2% more; see
+of ``pad_to`` (by default 1: 385 columns, the fewest bytes a scan or a walk reads; see
 benchmarks/results/speed.md). A query
 ``[q_hat, w(q), 0...]`` then scores ``cos + w(q) * g(d)`` in a single inner-product
 search: no over-fetching, no re-ranking, the same top-k a brute-force pass gives.
@@ -110,7 +108,7 @@ _BIG_FILES = ("index.faiss", "texts.utf8")
 #: Scale of the stored norm column (a power of two, so exact in float32); see ``NormIndex._augment``.
 COLUMN_SCALE = 2.0 ** -5
 #: ``pad_to`` when none is given, by index type (see :class:`NormIndex`, benchmarks/results/speed.md).
-PAD_TO_BY_INDEX_TYPE: dict[str, int] = {"flat": 8, "ivf": 8, "hnsw": 1}
+PAD_TO_BY_INDEX_TYPE: dict[str, int] = {"flat": 1, "ivf": 1, "hnsw": 1}
 #: Every file a save writes; a manifest that does not list one of them was altered.
 #: Files every saved version has; format 2 adds ``doc_columns.COLUMN_FILES``, format 1 ``records.jsonl``.
 SAVED_FILES = ("index.faiss", "norms.npy", "token_counts.npy", "tombstones.npy", "state.json")
@@ -167,10 +165,12 @@ class NormIndex(BlendIndexBase):
         ``"flat"`` (exact, default), ``"hnsw"`` or ``"ivf"`` (approximate, faster at scale).
     pad_to:
         Round the augmented width up to a multiple of this; ``None`` (the default) picks it by index
-        type (:data:`PAD_TO_BY_INDEX_TYPE`, benchmarks/results/speed.md). Flat and IVF: 8, because
-        FAISS's flat kernels scan an odd width (385) slower than 384 while 392 columns scan at the
-        speed of 384. HNSW: 1, because a graph walk fetches each vector from memory on its own, and
-        FAISS's buffer starts 16 bytes past a cache line, so a 385-wide vector spans the 25 cache
+        type (:data:`PAD_TO_BY_INDEX_TYPE`, benchmarks/results/speed.md): 1 for every type. A flat or
+        IVF scan's time follows the bytes it reads, and 385 columns are 0.3% more than FAISS's 384
+        where 392 are 2% more: on the Intel Xeon benchmark machine single 10k-document queries ran at
+        0.95-0.98 of FAISS's with 385 columns and 0.93-0.98 with 392 (an AMD EPYC scanned both alike);
+        a batch's sgemm ran 1-2% faster over 392 columns. An HNSW walk fetches each vector on its own,
+        and FAISS's buffer starts 16 bytes past a cache line, so a 385-wide vector spans the 25 cache
         lines a 384-wide one does where a 392-wide one spans 25 or 26 (at 100k documents the walk ran
         at 1.03 of FAISS's cosine HNSW with 385 columns and 0.96 with 392).
     calibrator, query_calibrator:

@@ -69,13 +69,13 @@ def built() -> tuple[NormIndex, np.ndarray, np.ndarray, list[str], np.ndarray]:
 
 def test_padding_default_is_measured_width(built) -> None:
     index = built[0]
-    assert index.pad_to == 8 and index.augmented_dim == 56  # 48 + 1 rounded up to a multiple of 8
+    assert index.pad_to == 1 and index.augmented_dim == 49  # 48 + the norm column: the fewest bytes to scan
 
 
-@pytest.mark.parametrize(("index_type", "pad", "width"), [("flat", 8, 56), ("ivf", 8, 56), ("hnsw", 1, 49)])
+@pytest.mark.parametrize(("index_type", "pad", "width"), [("flat", 1, 49), ("ivf", 1, 49), ("hnsw", 1, 49)])
 def test_padding_default_depends_on_the_index_type_and_survives_a_save(tmp_path, index_type, pad, width) -> None:
-    """Flat and IVF scan rows in order (392 columns as fast as 384); an HNSW walk fetches rows one by
-    one (385 columns span no more cache lines than 384): the default differs, a given one is kept."""
+    """A scan's time follows the bytes it reads and an HNSW walk the cache lines each vector spans: no
+    padding by default for any type; a given one is kept, and saved."""
     raw, counts = _corpus(600)
     index = NormIndex(dim=DIM, weights=Weights(a=0.05), index_type=index_type)
     index.add_vectors(raw, counts, ids=[str(i) for i in range(600)])
@@ -92,7 +92,7 @@ def test_padding_default_depends_on_the_index_type_and_survives_a_save(tmp_path,
 def test_padding_from_yaml_null_is_the_index_types_default(tmp_path) -> None:
     from normrank.config import build_index
 
-    for index_type, pad_line, width in (("flat", "pad_to: null", 56), ("hnsw", "pad_to: null", 49),
+    for index_type, pad_line, width in (("flat", "pad_to: null", 49), ("flat", "pad_to: 8", 56), ("hnsw", "pad_to: null", 49),
                                         ("hnsw", "ef_search: 64", 49), ("hnsw", "pad_to: 8", 56)):
         cfg = tmp_path / "normrank.yaml"
         cfg.write_text(f"store:\n  index_type: {index_type}\n  {pad_line}\n")
@@ -269,7 +269,9 @@ def test_batches_after_a_compaction_map_positions_to_ids(saved_with_gaps, tmp_pa
 def test_the_sgemm_kernel_leaves_out_only_zero_padding(built) -> None:
     """The batch product multiplies dim + 1 columns, not the zero padding: the same top-k and scores
     (within float32 rounding) as the product over every stored column."""
-    index, _, _, _, queries = built
+    _, raw, counts, ids, queries = built
+    index = NormIndex(dim=DIM, weights=Weights(a=0.05), pad_to=8)
+    index.add_vectors(raw, counts, ids=ids)
     inner, _ = index._flat_parts()
     unit = queries[:16] / np.linalg.norm(queries[:16], axis=1, keepdims=True)
     qaug = index._augment(unit, np.full(16, 0.05), query=True)  # the rows a search with a = 0.05 scans
@@ -285,7 +287,7 @@ def test_sgemm_threshold_is_a_batch_size() -> None:
 
 
 def test_an_index_saved_unpadded_loads_and_round_trips_awkward_texts(tmp_path) -> None:
-    """Indexes saved before pad_to=8 became the default (pad_to=1) load as they were; records with line
+    """Indexes saved unpadded (pad_to=1, the default before and again after pad_to=8) load as they were; records with line
     and paragraph separators inside texts and metadata survive the one-call JSON-lines reader."""
     raw, counts = _corpus(30)
     texts = [f"line one\nline two\u2028para\u2029end {i}" if i % 2 else None for i in range(30)]
