@@ -43,7 +43,7 @@ import faiss  # noqa: E402
 
 from normrank import fastpath, huge_pages  # noqa: E402
 from normrank.scoring import Weights  # noqa: E402
-from normrank.store import NormIndex, flat_vectors_span  # noqa: E402
+from normrank.store import PAD_TO_BY_INDEX_TYPE, NormIndex, flat_vectors_span  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DIM = 384
@@ -914,7 +914,7 @@ def markdown(res: dict[str, Any]) -> str:
     loads = res.get("load") or []
     if loads:
         L += ["", "## 5. Loaded memory and load time (column storage)", "",
-              "A saved `NormIndex` (pad_to 8, additive blend) against what a user would otherwise load: FAISS's "
+              f"A saved `NormIndex` (pad_to {meta.get('default_pad_to', 8)}, the default, additive blend) against what a user would otherwise load: FAISS's "
               "`IndexIDMap2(IndexFlatIP(384))` via `faiss.read_index` and, when the index holds texts and "
               "metadata, the same texts and metadata from a JSON docstore. Each load runs in a fresh Python "
               "process (both import normrank, so library memory cancels), interleaved, "
@@ -1021,7 +1021,8 @@ def main(argv: list[str] | None = None) -> int:
             "blas_threshold": faiss.cvar.distance_compute_blas_threshold, "reps": args.reps, "encoder_reps": args.encoder_reps, "pads": list(pads),
             "tiny": args.tiny, "omp_threads": list(omp), "ratio": "paired", "load_averages": [_load_average("start")],
             "evict_bytes": 2 * _last_level_cache_bytes(), "argv": list(sys.argv[1:] if argv is None else argv),
-            "fastpath": fastpath.accelerated()}
+            "fastpath": fastpath.accelerated(),
+            "default_pad_to": PAD_TO_BY_INDEX_TYPE["flat"]}
     res: dict[str, Any] = {"meta": meta, "search": []}
     for n in args.sizes:
         print(f"[speed] search at {n:,} ...", file=sys.stderr, flush=True)

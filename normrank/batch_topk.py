@@ -5,7 +5,9 @@ Why here and not in FAISS: FAISS scores a batch with BLAS only from
 not flip under other threads' feet. Below it, FAISS's per-query kernel scored 64 queries over 10k-1M
 vectors 2-5x slower than one sgemm per block of stored vectors plus FAISS's own top-k heaps
 (benchmarks/results/speed.md). This module does what FAISS's BLAS path does, with the sgemm FAISS
-bundles (:mod:`normrank.faiss_blas`), and ``NormIndex`` calls it for flat batches.
+bundles (:mod:`normrank.faiss_blas`) and, where normrank's C module was built, top-k heaps of its own
+that keep FAISS's order but skip losing scores 16 at a time (normrank/_scan_topk.c); ``NormIndex`` calls
+it for flat batches.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ def sgemm_topk(flat: Any, q: np.ndarray, k: int, width: int | None = None,
     What FAISS's BLAS path does, without its process-wide switch: the stored vectors are streamed
     once in blocks of rows and one sgemm per block scores the whole batch (the sgemm FAISS bundles, see
     :mod:`normrank.faiss_blas`). The top ``k`` are kept by the C heaps of
-    :func:`normrank.fastpath.scan_topk` where it was built (FAISS's heaps, faster: 1.12-1.23x FAISS's
-    whole BLAS path at 10k-100k documents, benchmarks/results/speed.md), else by FAISS's own heaps
+    :func:`normrank.fastpath.scan_topk` where it was built (FAISS's heap order with a cheaper test per
+    score: the whole C scan measured 1.12-1.23x FAISS's BLAS path at 10k-100k documents), else by FAISS's own heaps
     (``argpartition`` was 40x slower than them at 64 x 10k scores; looping over query blocks re-read 1M
     vectors per block). Both give FAISS's scores and order.
     """
