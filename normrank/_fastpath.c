@@ -527,12 +527,13 @@ done:
 }
 
 PyDoc_STRVAR(lean_batch_doc,
-"lean_batch(queries, counts, max_count, dim, min_norm, column, sgemm, vectors, step, qaug, out_scores,\n"
+"lean_batch(queries, counts, max_count, dim, min_norm, column, sgemm, vectors, steps, qaug, out_scores,\n"
 "out_positions) -> bool\n\n"
 "The batch search of raw query vectors in one call: qaug (float32 (n, width)) gets each query's unit row\n"
 "(as units_into), then the float32 of column after it and zeros, and out_scores / out_positions (float32 /\n"
-"int64 (n, k)) its exact top-k over vectors (as scan_topk, the first dim + 1 columns, step vectors per\n"
-"sgemm). False, with nothing scanned, when queries is not a C-contiguous float32 or float64 (n >= 1, dim)\n"
+"int64 (n, k)) its exact top-k over vectors (as scan_topk, the first dim + 1 columns). steps is (vectors\n"
+"per sgemm on one thread, the same with more, the address of omp_get_max_threads or 0 for one thread).\n"
+"False, with nothing scanned, when queries is not a C-contiguous float32 or float64 (n >= 1, dim)\n"
 "matrix, counts is neither None nor a list or tuple of n ints in [1, max_count], or a row's norm is not\n"
 "finite, at most min_norm or beyond float32: the caller's general path then reads or refuses them.");
 
@@ -556,7 +557,14 @@ static PyObject *lean_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     long max_count = PyLong_AsLong(args[2]);
-    Py_ssize_t dim = PyLong_AsSsize_t(args[3]), step = PyLong_AsSsize_t(args[8]);
+    PyObject *steps = args[8];
+    if (!PyTuple_CheckExact(steps) || PyTuple_GET_SIZE(steps) != 3) {
+        PyErr_SetString(PyExc_TypeError, "lean_batch: steps is (one thread, more threads, omp_get_max_threads)");
+        return NULL;
+    }
+    int (*threads)(void) = (int (*)(void))PyLong_AsVoidPtr(PyTuple_GET_ITEM(steps, 2));  /* 0: NULL */
+    Py_ssize_t dim = PyLong_AsSsize_t(args[3]), step = PyLong_AsSsize_t(PyTuple_GET_ITEM(steps, 0));
+    if (threads != NULL && threads() > 1) step = PyLong_AsSsize_t(PyTuple_GET_ITEM(steps, 1));
     double min_norm = PyFloat_AsDouble(args[4]), column = PyFloat_AsDouble(args[5]);
     void *fn = PyLong_AsVoidPtr(args[6]);
     if (PyErr_Occurred()) return NULL;

@@ -490,3 +490,22 @@ def test_batches_searched_from_many_threads_get_the_single_threaded_answer():
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         assert all(pool.map(one, range(40)))
+
+
+def test_a_batch_gives_the_same_answer_on_one_thread_and_on_more():
+    """The block size follows the OpenMP thread count (the C code asks the bundled runtime); the scores and
+    the order may not."""
+    import faiss
+
+    index = _build(n=5000)
+    queries, _ = _corpus(64, seed=15)
+    before = faiss.omp_get_max_threads()
+    answers = []
+    try:
+        for threads in (1, 2, 1):
+            faiss.omp_set_num_threads(threads)
+            got = index.search_arrays(queries, 10)
+            answers.append((_fields(index.search_batch(queries, 10)), got.ids, got.scores.tobytes()))
+    finally:
+        faiss.omp_set_num_threads(before)
+    assert answers[0] == answers[1] == answers[2]
