@@ -579,40 +579,25 @@ static PyObject *lean_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyBuffer_Release(&src);
         Py_RETURN_FALSE;
     }
-    Py_buffer xb, qa, vs, ps;
-    if (scan_buffer(args[7], &xb, 0, 'f', 4, "lean_batch", "vectors") < 0) {
+    static const char *const names[] = {"vectors", "qaug", "out_scores", "out_positions"};
+    PyObject *const objs[] = {args[7], args[9], args[10], args[11]};
+    Py_buffer b[4];
+    if (scan_buffers("lean_batch", 4, b, objs, "fffq", names, 0xE) < 0) {
         PyBuffer_Release(&src);
         return NULL;
     }
-    if (scan_buffer(args[9], &qa, 1, 'f', 4, "lean_batch", "qaug") < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&xb);
-        return NULL;
-    }
-    if (scan_buffer(args[10], &vs, 1, 'f', 4, "lean_batch", "out_scores") < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&qa);
-        return NULL;
-    }
-    if (scan_buffer(args[11], &ps, 1, 'q', 8, "lean_batch", "out_positions") < 0) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&qa);
-        PyBuffer_Release(&vs);
-        return NULL;
-    }
+    const Py_buffer *xb = &b[0], *qa = &b[1], *vs = &b[2], *ps = &b[3];
     PyObject *result = NULL;
-    Py_ssize_t n = src.shape[0], width = qa.ndim == 2 ? qa.shape[1] : -1, k = vs.ndim == 2 ? vs.shape[1] : -1;
-    if (fn == NULL || qa.ndim != 2 || qa.shape[0] != n || width < dim + 1 || xb.ndim != 2 || xb.shape[1] != width
-        || vs.ndim != 2 || vs.shape[0] != n || k < 1 || ps.ndim != 2 || ps.shape[0] != n || ps.shape[1] != k
-        || step < 1 || n > INT32_MAX || step > INT32_MAX || xb.shape[0] > INT32_MAX || width > INT32_MAX) {
+    Py_ssize_t n = src.shape[0], width = qa->ndim == 2 ? qa->shape[1] : -1, k = vs->ndim == 2 ? vs->shape[1] : -1;
+    if (fn == NULL || qa->ndim != 2 || qa->shape[0] != n || width < dim + 1 || xb->ndim != 2 || xb->shape[1] != width
+        || vs->ndim != 2 || vs->shape[0] != n || k < 1 || ps->ndim != 2 || ps->shape[0] != n || ps->shape[1] != k
+        || step < 1 || n > INT32_MAX || step > INT32_MAX || xb->shape[0] > INT32_MAX || width > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "lean_batch: qaug (n, width > dim), vectors (m, width), out_scores and "
                                           "out_positions (n, k >= 1), step >= 1");
         goto done;
     }
     for (Py_ssize_t r = 0; r < n; r++) {
-        float *out = (float *)qa.buf + r * width;
+        float *out = (float *)qa->buf + r * width;
         double norm;
         if (!unit_row((const char *)src.buf + r * dim * (is_double ? 8 : 4), is_double, dim, out, min_norm, &norm)) {
             result = Py_NewRef(Py_False);
@@ -623,15 +608,12 @@ static PyObject *lean_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = scan_blocks(fn, qa.buf, n, width, xb.buf, xb.shape[0], dim + 1, step, k, vs.buf, ps.buf);
+    ok = scan_blocks(fn, qa->buf, n, width, xb->buf, xb->shape[0], dim + 1, step, k, vs->buf, ps->buf);
     Py_END_ALLOW_THREADS
     result = ok ? Py_NewRef(Py_True) : PyErr_NoMemory();
 done:
     PyBuffer_Release(&src);
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&qa);
-    PyBuffer_Release(&vs);
-    PyBuffer_Release(&ps);
+    release_buffers(b, 4);
     return result;
 }
 

@@ -101,17 +101,31 @@ int scan_blocks(void *fn, const float *q, Py_ssize_t rows, Py_ssize_t d, const f
     return 1;
 }
 
-int scan_buffer(PyObject *obj, Py_buffer *b, int writable, char code, Py_ssize_t itemsize, const char *fn,
-                const char *what) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    const char *f = b->format ? b->format : "B";
-    if (*f == '<' || *f == '=' || *f == '@') f++;
-    if (b->itemsize != itemsize || !(f[0] == code || (code == 'q' && f[0] == 'l' && sizeof(long) == 8)) || f[1]) {
-        PyBuffer_Release(b);
-        PyErr_Format(PyExc_TypeError, "%s: %s has the wrong type", fn, what);
-        return -1;
+int scan_buffers(const char *fn, int n, Py_buffer *out, PyObject *const *objs, const char *codes,
+                 const char *const *names, unsigned writable) {
+    for (int i = 0; i < n; i++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable & (1u << i) ? PyBUF_WRITABLE : 0);
+        Py_ssize_t itemsize = codes[i] == 'q' ? 8 : 4;
+        int ok = PyObject_GetBuffer(objs[i], &out[i], flags) == 0;
+        if (ok) {
+            const char *f = out[i].format ? out[i].format : "B";
+            if (*f == '<' || *f == '=' || *f == '@') f++;
+            ok = out[i].itemsize == itemsize && (f[0] == codes[i] || (codes[i] == 'q' && f[0] == 'l')) && !f[1];
+            if (!ok) {
+                PyBuffer_Release(&out[i]);
+                PyErr_Format(PyExc_TypeError, "%s: %s has the wrong type", fn, names[i]);
+            }
+        }
+        if (!ok) {
+            release_buffers(out, i);
+            return -1;
+        }
     }
     return 0;
+}
+
+void release_buffers(Py_buffer *b, int n) {
+    for (int i = 0; i < n; i++) PyBuffer_Release(&b[i]);
 }
 
 PyObject *scan_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -123,28 +137,16 @@ PyObject *scan_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     void *fn = PyLong_AsVoidPtr(args[0]);
     Py_ssize_t width = PyLong_AsSsize_t(args[3]), step = PyLong_AsSsize_t(args[4]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer q, xb, vs, ps;
-    if (scan_buffer(args[1], &q, 0, 'f', 4, "scan_topk", "queries") < 0) return NULL;
-    if (scan_buffer(args[2], &xb, 0, 'f', 4, "scan_topk", "vectors") < 0) {
-        PyBuffer_Release(&q);
-        return NULL;
-    }
-    if (scan_buffer(args[5], &vs, 1, 'f', 4, "scan_topk", "out_scores") < 0) {
-        PyBuffer_Release(&q);
-        PyBuffer_Release(&xb);
-        return NULL;
-    }
-    if (scan_buffer(args[6], &ps, 1, 'q', 8, "scan_topk", "out_positions") < 0) {
-        PyBuffer_Release(&q);
-        PyBuffer_Release(&xb);
-        PyBuffer_Release(&vs);
-        return NULL;
-    }
+    static const char *const names[] = {"queries", "vectors", "out_scores", "out_positions"};
+    PyObject *const objs[] = {args[1], args[2], args[5], args[6]};
+    Py_buffer b[4];
+    if (scan_buffers("scan_topk", 4, b, objs, "fffq", names, 0xC) < 0) return NULL;
+    const Py_buffer *q = &b[0], *xb = &b[1], *vs = &b[2], *ps = &b[3];
     PyObject *result = NULL;
-    Py_ssize_t rows = vs.ndim == 2 ? vs.shape[0] : -1, k = vs.ndim == 2 ? vs.shape[1] : -1;
-    Py_ssize_t d = q.ndim == 2 ? q.shape[1] : -1, n = xb.ndim == 2 && xb.shape[1] == d ? xb.shape[0] : -1;
-    if (fn == NULL || q.ndim != 2 || q.shape[0] != rows || n < 0 || ps.ndim != 2 || ps.shape[0] != rows
-        || ps.shape[1] != k || k < 1 || width < 1 || width > d || step < 1 || rows > INT32_MAX || step > INT32_MAX
+    Py_ssize_t rows = vs->ndim == 2 ? vs->shape[0] : -1, k = vs->ndim == 2 ? vs->shape[1] : -1;
+    Py_ssize_t d = q->ndim == 2 ? q->shape[1] : -1, n = xb->ndim == 2 && xb->shape[1] == d ? xb->shape[0] : -1;
+    if (fn == NULL || q->ndim != 2 || q->shape[0] != rows || n < 0 || ps->ndim != 2 || ps->shape[0] != rows
+        || ps->shape[1] != k || k < 1 || width < 1 || width > d || step < 1 || rows > INT32_MAX || step > INT32_MAX
         || n > INT32_MAX || d > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "scan_topk: queries (r, d), vectors (n, d), out_scores and out_positions "
                                           "(r, k >= 1), 1 <= width <= d, step >= 1");
@@ -152,7 +154,7 @@ PyObject *scan_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     int ok;
     Py_BEGIN_ALLOW_THREADS
-    ok = scan_blocks(fn, q.buf, rows, d, xb.buf, n, width, step, k, vs.buf, ps.buf);
+    ok = scan_blocks(fn, q->buf, rows, d, xb->buf, n, width, step, k, vs->buf, ps->buf);
     Py_END_ALLOW_THREADS
     if (!ok) {
         PyErr_NoMemory();
@@ -160,9 +162,6 @@ PyObject *scan_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     }
     result = Py_NewRef(Py_None);
 done:
-    PyBuffer_Release(&q);
-    PyBuffer_Release(&xb);
-    PyBuffer_Release(&vs);
-    PyBuffer_Release(&ps);
+    release_buffers(b, 4);
     return result;
 }

@@ -174,7 +174,8 @@ class NormIndex(BlendIndexBase):
         type (:data:`PAD_TO_BY_INDEX_TYPE`, benchmarks/results/speed.md): 1 for every type. A flat or
         IVF scan's time follows the bytes it reads, and 385 columns are 0.3% more than FAISS's 384
         where 392 are 2% more: on the Intel Xeon benchmark machine single 10k-document queries ran at
-        0.95-0.98 of FAISS's with 385 columns and 0.93-0.98 with 392 (an AMD EPYC scanned both alike);
+        0.96-0.98 of FAISS's with 385 columns and 0.93-0.98 with 392 in seven runs (an AMD EPYC scanned
+        both alike);
         a batch's sgemm ran 1-2% faster over 392 columns. An HNSW walk fetches each vector on its own,
         and FAISS's buffer starts 16 bytes past a cache line, so a 385-wide vector spans the 25 cache
         lines a 384-wide one does where a 392-wide one spans 25 or 26 (at 100k documents the walk ran
