@@ -185,8 +185,9 @@ static PyObject *register_hit(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static int get(PyObject *obj, Py_buffer *b, char code, Py_ssize_t itemsize, const char *fn, const char *what) {
-    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+int typed_buffer(PyObject *obj, Py_buffer *b, int writable, char code, Py_ssize_t itemsize, const char *fn,
+                 const char *what) {
+    if (PyObject_GetBuffer(obj, b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
     if (b->itemsize != itemsize || !(is_format(b, code) || (code == 'q' && is_format(b, 'l') && itemsize == sizeof(long)))) {
         PyBuffer_Release(b);
         PyErr_Format(PyExc_TypeError, "%s: %s has the wrong type", fn, what);
@@ -218,7 +219,7 @@ static void rows_close(Rows *R) {
 
 static int rows_get(Rows *R, int b, PyObject *obj, char code, Py_ssize_t itemsize, const char *what) {
     Py_buffer *all[] = {&R->rows, &R->scores, &R->w, &R->labels, &R->norms, &R->counts, &R->g};
-    if (get(obj, all[b], code, itemsize, R->fn, what) < 0) return -1;
+    if (typed_buffer(obj, all[b], 0, code, itemsize, R->fn, what) < 0) return -1;
     R->held |= 1u << b;
     return 0;
 }

@@ -104,19 +104,7 @@ int scan_blocks(void *fn, const float *q, Py_ssize_t rows, Py_ssize_t d, const f
 int scan_buffers(const char *fn, int n, Py_buffer *out, PyObject *const *objs, const char *codes,
                  const char *const *names, unsigned writable) {
     for (int i = 0; i < n; i++) {
-        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable & (1u << i) ? PyBUF_WRITABLE : 0);
-        Py_ssize_t itemsize = codes[i] == 'q' ? 8 : 4;
-        int ok = PyObject_GetBuffer(objs[i], &out[i], flags) == 0;
-        if (ok) {
-            const char *f = out[i].format ? out[i].format : "B";
-            if (*f == '<' || *f == '=' || *f == '@') f++;
-            ok = out[i].itemsize == itemsize && (f[0] == codes[i] || (codes[i] == 'q' && f[0] == 'l')) && !f[1];
-            if (!ok) {
-                PyBuffer_Release(&out[i]);
-                PyErr_Format(PyExc_TypeError, "%s: %s has the wrong type", fn, names[i]);
-            }
-        }
-        if (!ok) {
+        if (typed_buffer(objs[i], &out[i], (writable >> i) & 1u, codes[i], codes[i] == 'q' ? 8 : 4, fn, names[i]) < 0) {
             release_buffers(out, i);
             return -1;
         }

@@ -19,8 +19,13 @@ PyObject *scan_topk(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 int scan_blocks(void *sgemm, const float *q, Py_ssize_t rows, Py_ssize_t d, const float *xb, Py_ssize_t n,
                 Py_ssize_t width, Py_ssize_t step, Py_ssize_t k, float *val, int64_t *ids);
 
-/* The n buffers of objs, C-contiguous, of item types codes[i] ('f' float32, 'q' int64), writable where bit i of
-   writable is set, into out: 0, or -1 with a TypeError naming fn and names[i] (nothing held). */
+/* obj's buffer, C-contiguous, of item type code ('f' float32, 'd' float64, 'q' int64, 'i' int32) and size
+   itemsize, writable if asked: 0, or -1 with a TypeError naming fn and what (nothing held). In _fastpath.c. */
+int typed_buffer(PyObject *obj, Py_buffer *b, int writable, char code, Py_ssize_t itemsize, const char *fn,
+                 const char *what);
+
+/* typed_buffer for each of the n objs into out, item types codes[i] ('f' float32, 'q' int64), writable where
+   bit i of writable is set: 0, or -1 with the error of the first refused (nothing held). */
 int scan_buffers(const char *fn, int n, Py_buffer *out, PyObject *const *objs, const char *codes,
                  const char *const *names, unsigned writable);
 void release_buffers(Py_buffer *b, int n);

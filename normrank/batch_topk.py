@@ -21,6 +21,7 @@ import numpy as np
 
 from normrank import faiss_blas, fastpath
 from normrank._validation import MAX_TOKEN_COUNT
+from normrank.index_base import PLAIN_MIN_NORM
 
 T = TypeVar("T")
 
@@ -123,7 +124,7 @@ def raw_batch_topk(queries: Any, counts: Any, dim: int, column: float, vectors: 
     n = queries.shape[0]
     qaug = np.empty((n, vectors.shape[1]), dtype=np.float32)
     scores, positions = np.empty((n, k), dtype=np.float32), np.empty((n, k), dtype=np.int64)
-    if not fastpath.lean_batch(queries, counts, MAX_TOKEN_COUNT, dim, 1e-6, column, bundled.address,  # type: ignore[attr-defined]
+    if not fastpath.lean_batch(queries, counts, MAX_TOKEN_COUNT, dim, PLAIN_MIN_NORM, column, bundled.address,  # type: ignore[attr-defined]
                                vectors, _steps(n) or _steps_now(n), qaug, scores, positions):
         return None
     return qaug, scores, positions

@@ -526,6 +526,11 @@ class BlendIndexBase:
         return w.query_weight(cal.transform(norms, counts, w.feature))
 
 
+#: Below this norm a raw query vector does not take the lean batch path (its checked path refuses from
+#: 1e-12, and names the problem); the C path of normrank.batch_topk.raw_batch_topk uses the same bound.
+PLAIN_MIN_NORM = 1e-6
+
+
 def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | None,
                  dim: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
     """The unit matrix, float64 norms and counts of a batch of well-formed raw vectors (a float matrix of
@@ -557,7 +562,7 @@ def _plain_batch(queries: Sequence[Any], token_counts: Sequence[int | None] | No
     from normrank.fastpath import units_into
 
     out, norms = np.empty((n, dim if width is None else width), dtype=np.float32), np.empty(n)
-    if not units_into(mat, out, norms, 1e-6):  # NaN, infinity or a near-zero row: refused
+    if not units_into(mat, out, norms, PLAIN_MIN_NORM):  # NaN, infinity or a near-zero row: refused
         return None
     if width is not None:
         return out, norms, None

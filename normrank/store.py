@@ -656,8 +656,9 @@ class NormIndex(BlendIndexBase):
         query_token_counts: Sequence[int | None] | None = None,
     ) -> list[list[Hit]]:
         """Blended top-``k`` for many queries in one FAISS call."""
-        if filter is None and type(queries) is np.ndarray and type(k) is int and 0 < k <= _K_MAX:
-            with self._lock:  # the commonest call, a matrix of raw vectors: the checks below cost ~0.1 ms cold
+        tried = _lean_first(queries, k, filter)
+        if tried:
+            with self._lock:
                 wide = self._lean_wide(queries, k, query_token_counts)  # None for anything unusual
                 if wide is not None:
                     return self._hits_from_wide(wide, k)
@@ -667,7 +668,8 @@ class NormIndex(BlendIndexBase):
             return []
         queries, k, encoded = front
         with self._lock:
-            wide = self._lean_wide(queries, k, query_token_counts) if filter is None and encoded[0] is None else None
+            lean = filter is None and encoded[0] is None and not tried
+            wide = self._lean_wide(queries, k, query_token_counts) if lean else None
             if wide is not None:
                 return self._hits_from_wide(wide, k)
             rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)  # the lean path was tried above
@@ -705,24 +707,25 @@ class NormIndex(BlendIndexBase):
         same errors. For batch scoring and evaluation, where building 640 ``Hit`` objects was ~10% of a
         64-query batch over 10k documents (benchmarks/results/speed.md).
         """
-        if filter is None:
-            one = _one_plain_query(queries, query_token_counts)
-            if one is not None:
-                found = self._search_vector(one, k, arrays=True)
-                if found is not None:
-                    return found
-            elif type(queries) is np.ndarray and type(k) is int and 0 < k <= _K_MAX:
-                with self._lock:  # a matrix of raw vectors, as in search_batch
-                    wide = self._lean_wide(queries, k, query_token_counts)
-                    if wide is not None:
-                        return self._arrays_from_wide(wide, k)
+        one = _one_plain_query(queries, query_token_counts) if filter is None else None
+        if one is not None:
+            found = self._search_vector(one, k, arrays=True)
+            if found is not None:
+                return found
+        tried = one is None and _lean_first(queries, k, filter)
+        if tried:
+            with self._lock:
+                wide = self._lean_wide(queries, k, query_token_counts)
+                if wide is not None:
+                    return self._arrays_from_wide(wide, k)
         filter = check_filter(filter)
         front = self._batch_front(queries, k, "search_arrays")
         if front is None:
             return HitArrays([], np.zeros((0, 0), dtype=np.float32), np.zeros((0, 0)))
         queries, k, encoded = front
         with self._lock:
-            wide = self._lean_wide(queries, k, query_token_counts) if filter is None and encoded[0] is None else None
+            lean = filter is None and encoded[0] is None and not tried
+            wide = self._lean_wide(queries, k, query_token_counts) if lean else None
             if wide is not None:
                 return self._arrays_from_wide(wide, k)
             rows = self._blended_rows(queries, k, filter, query_token_counts, encoded)  # the lean path was tried above
@@ -1358,6 +1361,14 @@ def _read_jsonl(text: str) -> list[Any]:
     if lines and lines[-1] == "":
         lines.pop()
     return json.loads("[" + ",".join(lines) + "]") if lines else []
+
+
+def _lean_first(queries: Any, k: Any, filter: Any) -> bool:
+    """Whether a batch search tries :meth:`NormIndex._lean_wide` before its front checks: the commonest
+    call, a NumPy matrix of raw vectors and a plain ``k`` without a filter, for which those checks cost
+    ~0.1 ms on cold caches. The lean path steps aside for anything else in it, and is then not tried again
+    after the checks (they leave such a matrix and ``k`` as they are)."""
+    return filter is None and type(queries) is np.ndarray and type(k) is int and 0 < k <= _K_MAX
 
 
 def _one_plain_query(queries: Any, counts: Any) -> np.ndarray | None:
